@@ -103,7 +103,10 @@ def run_command(command, timeout=600, progress="auto", total_epochs=None, env=No
     Returns the output lines. Raises LaunchError (non-zero exit), LaunchTimeout, or
     KeyboardInterrupt (after cleaning up) on an interrupt.
     """
+    # OMP_NUM_THREADS set here spares every run torchrun's banner about it; the scripts
+    # choose their own thread count (cores / processes) anyway.
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.setdefault("OMP_NUM_THREADS", "1")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, text=True, env=full_env,
                                start_new_session=True, bufsize=1)

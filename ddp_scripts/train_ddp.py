@@ -44,7 +44,6 @@ def ddp_setup(args):
     return local_rank, rank, world_size, device
 
 
-@record  # a failing rank's traceback appears in torchrun's error summary
 def main():
     parser = build_parser(__doc__.splitlines()[0])
     parser.add_argument("--timeout-s", type=float, default=600,
@@ -122,4 +121,6 @@ def main():
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    # record: a crashing rank's traceback appears in torchrun's error summary;
+    # run_cli: bad input is one line and exit status 2, no traceback.
+    record(run_cli)(main)
