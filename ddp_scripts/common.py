@@ -276,6 +276,14 @@ def _cifar10_once_per_node(data_dir, local_rank):
     return cifar10_tensors(data_dir, download=True)
 
 
+def check_batch_fits(batch_size, world_size, train_samples):
+    """A global batch larger than the training set would make every epoch a single step."""
+    if batch_size * world_size > train_samples:
+        raise UsageError(f"a global batch of {batch_size * world_size} ({world_size} x "
+                         f"--batch-size {batch_size}) is larger than the {train_samples} "
+                         "training images: lower --batch-size")
+
+
 def make_loader(dataset, batch_size, sampler):
     """A DataLoader over a TensorImages set: one indexing operation per batch."""
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler,
@@ -296,8 +304,12 @@ def train_one_epoch(model, loader, optimizer, device):
     for images, labels in loader:
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(images), labels)
-        loss.backward()
+        try:
+            loss = F.cross_entropy(model(images), labels)
+            loss.backward()
+        except torch.OutOfMemoryError:
+            raise UsageError(f"a batch of {len(labels)} images does not fit in the memory of "
+                             f"{device}: lower --batch-size") from None
         optimizer.step()
         totals[0] += loss.detach() * len(labels)
         totals[1] += len(labels)
@@ -364,16 +376,32 @@ def prepare_out_dir(args):
 
 
 def start_out_dir(args, checkpoint):
-    """On rank 0: create OUT; keep only the epochs the checkpoint has, or start empty."""
+    """On rank 0: create OUT; keep only the epochs the checkpoint has, or start empty.
+
+    After a crash OUT may hold an epoch logged just before its checkpoint was due (it is
+    trained again, so its line goes), half a line, or the temporary file of a save that
+    never finished: none of them survives here.
+    """
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     kept = []
     if checkpoint is not None and (out / METRICS).exists():
-        kept = [line for line in (out / METRICS).read_text().splitlines()
-                if line.strip() and json.loads(line)["epoch"] <= checkpoint["epoch"]]
+        lines = (out / METRICS).read_text().splitlines()
+        kept = [line for line, epoch in zip(lines, map(_logged_epoch, lines))
+                if epoch is not None and epoch <= checkpoint["epoch"]]
     write_atomically(out / METRICS, lambda f: f.write("".join(line + "\n" for line in kept)),
                      mode="w")
     (out / SUMMARY).unlink(missing_ok=True)
+    for unfinished in out.glob(".*.tmp*"):  # see write_atomically
+        unfinished.unlink(missing_ok=True)
+
+
+def _logged_epoch(line):
+    """The epoch of one line of metrics.jsonl; None for a line a crash cut short."""
+    try:
+        return json.loads(line)["epoch"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def append_metrics(out, record):
@@ -459,3 +487,45 @@ def say(message, rank=0):
 
 def elapsed_since(start):
     return time.perf_counter() - start
+
+
+def device_table(free_memory=False, uuids=False):
+    """What this process can compute on, one row per device: a pandas DataFrame.
+
+    CUDA GPUs first, numbered as this process sees them (CUDA_VISIBLE_DEVICES applies),
+    then Apple's MPS if present, then the CPU. `free_memory=True` adds each GPU's free
+    memory (torch.cuda.mem_get_info, which starts a CUDA context on every GPU it asks);
+    `uuids=True` adds each GPU's UUID, the name that does not change with renumbering.
+    """
+    import pandas as pd  # imported here only: the training scripts do not need it
+    columns = ["name", "memory_gib", "compute_capability", "processors"]
+    columns += ["free_gib"] if free_memory else []
+    columns += ["uuid"] if uuids else []
+    rows = []
+    for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+        props = torch.cuda.get_device_properties(index)
+        row = {"device": f"cuda:{index}", "name": props.name,
+               "memory_gib": round(props.total_memory / 2**30, 1),
+               "compute_capability": f"{props.major}.{props.minor}",
+               "processors": f"{props.multi_processor_count} SMs"}
+        if free_memory:
+            row["free_gib"] = round(torch.cuda.mem_get_info(index)[0] / 2**30, 1)
+        if uuids:
+            uuid = str(getattr(props, "uuid", "?"))  # nvidia-smi writes it GPU-...
+            row["uuid"] = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+        rows.append(row)
+    if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+        rows.append({"device": "mps", "name": "Apple GPU (Metal)",
+                     "processors": "shares the CPU's memory"})
+    rows.append({"device": "cpu", "name": _cpu_name(), "memory_gib": _ram_gib(),
+                 "processors": f"{os.cpu_count()} cores"})
+    table = pd.DataFrame(rows).set_index("device").reindex(columns=columns)
+    return table.astype(object).where(table.notna(), "-")
+
+
+def _ram_gib():
+    """The machine's memory in GiB, where the system reports it."""
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return None

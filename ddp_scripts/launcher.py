@@ -49,7 +49,7 @@ def as_cli(options):
         flag = "--" + key.replace("_", "-")
         if value is True:
             args.append(flag)
-        elif value not in (False, None):
+        elif value is not False and value is not None:  # 0 is a value, False is "off"
             args += [flag, str(value)]
     return args
 
@@ -64,7 +64,7 @@ def torchrun_command(script, nproc=2, script_args=(), port=None, torchrun_args=(
 
 
 def run_script(script, nproc=2, out=None, timeout=600, torchrun=None, progress="auto",
-               torchrun_args=(), env=None, **options):
+               torchrun_args=(), env=None, echo=print, **options):
     """Run `script` from ddp_scripts/ and return its metrics as a pandas DataFrame.
 
     script   e.g. "train_ddp.py" (under torchrun) or "train_single.py" (one process)
@@ -73,6 +73,7 @@ def run_script(script, nproc=2, out=None, timeout=600, torchrun=None, progress="
     timeout  seconds before the whole run is ended and LaunchTimeout raised
     torchrun None: decide by the script's name (train_ddp -> torchrun)
     progress "auto": a progress bar in an interactive notebook, plain lines otherwise
+    echo     called with each output line (default: print it)
     options  the script's own options, as keywords: epochs=2, batch_size=32, resume=True
     """
     if out is not None:
@@ -85,7 +86,8 @@ def run_script(script, nproc=2, out=None, timeout=600, torchrun=None, progress="
     else:
         command = [sys.executable, str(SCRIPTS / script), *script_args]
     total = options.get("epochs")
-    run_command(command, timeout=timeout, progress=progress, total_epochs=total, env=env)
+    run_command(command, timeout=timeout, progress=progress, total_epochs=total, env=env,
+                echo=echo)
     return read_metrics(out) if out is not None else None
 
 
@@ -214,6 +216,9 @@ def _signal(proc, sig):
 SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)", re.M)
 SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.M)
 OUR_ERROR = re.compile(r"^\[rank (\d+)\] error: (.*)$")
+# Once its process group is up, a worker's traceback comes with "[rank0]: " on every line.
+RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:)?\s*\w+(\.\w+)*(Error|Exception|Interrupt)(:|$)")
 
 
 def failure_from_output(exit_code, lines):
@@ -238,8 +243,14 @@ def failure_from_output(exit_code, lines):
     elif plain:
         reason = plain[0][len("error: "):]
     else:
-        errors = [line for line in lines if re.match(r"^\s*\w+(\.\w+)*(Error|Exception)\b", line)]
-        reason = errors[-1].strip() if errors else f"exit code {code}"
+        # The first exception line is the rank's own; torchrun's ChildFailedError follows.
+        errors = [i for i, line in enumerate(lines)
+                  if EXCEPTION_LINE.match(line) and "ChildFailedError" not in line]
+        reason = RANK_PREFIX.sub("", lines[errors[0]]).strip() if errors else f"exit code {code}"
+        if errors:  # the failing rank's own traceback, not torchrun's
+            starts = [i for i in range(errors[0])
+                      if RANK_PREFIX.sub("", lines[i]).startswith("Traceback")]
+            tail = "\n".join(lines[starts[-1] if starts else max(0, errors[0] - 15):errors[0] + 1])
     who = f"rank {rank}" if rank is not None else "the run"
     return LaunchError(f"{who} failed with exit code {code}: {reason}", rank=rank,
                        exit_code=code, tail=tail)

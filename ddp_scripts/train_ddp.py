@@ -20,9 +20,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
 from common import (UsageError, append_metrics, backend_for, build_model, build_parser,
-                    check_args, describe_hardware, epoch_record, evaluate, load_datasets,
-                    make_loader, pick_device, prepare_out_dir, reduce_sum, run_cli,
-                    save_checkpoint, say, set_cpu_threads, start_out_dir, synchronize,
+                    check_args, check_batch_fits, describe_hardware, epoch_record, evaluate,
+                    load_datasets, make_loader, pick_device, prepare_out_dir, reduce_sum,
+                    run_cli, save_checkpoint, say, set_cpu_threads, start_out_dir, synchronize,
                     train_one_epoch, write_summary)
 
 
@@ -64,6 +64,7 @@ def main():
     threads = set_cpu_threads(args, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
     train_set, test_set = load_datasets(args, rank, local_rank,
                                         announce=lambda message: say(message, rank))
+    check_batch_fits(args.batch_size, world_size, len(train_set))
 
     model = build_model(args.model, args.seed, getattr(torch, args.dtype)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)

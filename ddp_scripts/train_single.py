@@ -15,9 +15,10 @@ import torch.nn as nn
 from torch.utils.data import RandomSampler, SequentialSampler
 
 from common import (UsageError, append_metrics, build_model, build_parser, check_args,
-                    describe_hardware, epoch_record, evaluate, load_datasets, make_loader,
-                    pick_device, prepare_out_dir, run_cli, save_checkpoint, say, set_cpu_threads,
-                    start_out_dir, synchronize, train_one_epoch, unwrap, write_summary)
+                    check_batch_fits, describe_hardware, epoch_record, evaluate, load_datasets,
+                    make_loader, pick_device, prepare_out_dir, run_cli, save_checkpoint, say,
+                    set_cpu_threads, start_out_dir, synchronize, train_one_epoch, unwrap,
+                    write_summary)
 
 
 def main():
@@ -35,6 +36,7 @@ def main():
     threads = set_cpu_threads(args)
     checkpoint = prepare_out_dir(args)
     train_set, test_set = load_datasets(args, announce=say)
+    check_batch_fits(args.batch_size, 1, len(train_set))
 
     # 2. The model goes to the device once, where it is built.
     model = build_model(args.model, args.seed, getattr(torch, args.dtype)).to(device)

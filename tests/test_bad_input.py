@@ -1,0 +1,96 @@
+"""Bad input: one clear line on stderr, exit status 2, no traceback, nothing overwritten."""
+import pytest
+import torch
+
+from helpers import SMALL, run_python, run_torchrun
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith("error: ")
+    assert "Traceback" not in result.stderr + result.stdout
+    for fragment in fragments:
+        assert fragment in errors[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_cuda_without_a_gpu(tmp_path):
+    result = run_python("train_single.py", *SMALL, "--device", "cuda", "--out", tmp_path / "run")
+    assert_one_line_error(result, "no usable CUDA GPU")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_data_parallel_without_a_gpu(tmp_path):
+    result = run_python("train_single.py", *SMALL, "--data-parallel", "--out", tmp_path / "run")
+    assert_one_line_error(result, "--data-parallel needs CUDA GPUs")
+
+
+def test_more_processes_than_gpus_with_nccl(monkeypatch):
+    from ddp_scripts import common
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert common.pick_device("cuda", local_rank=1) == torch.device("cuda", 1)
+    with pytest.raises(common.UsageError, match="only 2 GPU\\(s\\) are visible"):
+        common.pick_device("cuda", local_rank=2)
+    assert common.backend_for(torch.device("cuda", 0)) == "nccl"
+    assert common.backend_for(torch.device("cpu")) == "gloo"
+
+
+@pytest.mark.parametrize("option, value, fragment", [
+    ("--batch-size", "0", "--batch-size must be at least 1"),
+    ("--batch-size", "1024", "larger than the 512 training images"),
+    ("--epochs", "0", "--epochs must be at least 1"),
+])
+def test_numbers_that_cannot_work(tmp_path, option, value, fragment):
+    result = run_python("train_single.py", *SMALL, "--device", "cpu", option, value,
+                        "--out", tmp_path / "run")
+    assert_one_line_error(result, fragment)
+
+
+def test_an_existing_run_is_never_overwritten_silently(tmp_path):
+    args = [*SMALL, "--epochs", "1", "--device", "cpu", "--out", tmp_path]
+    assert run_python("train_single.py", *args).returncode == 0
+    before = (tmp_path / "metrics.jsonl").read_bytes(), (tmp_path / "checkpoint.pt").read_bytes()
+    result = run_python("train_single.py", *args)
+    assert_one_line_error(result, "already holds a run", "--resume", "--overwrite")
+    after = (tmp_path / "metrics.jsonl").read_bytes(), (tmp_path / "checkpoint.pt").read_bytes()
+    assert before == after
+    assert run_python("train_single.py", *args, "--overwrite").returncode == 0
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_unreadable_checkpoint(tmp_path):
+    (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint at all")
+    result = run_python("train_single.py", *SMALL, "--device", "cpu", "--resume",
+                        "--out", tmp_path)
+    assert_one_line_error(result, "cannot read checkpoint")
+
+
+def test_foreign_checkpoints(tmp_path):
+    torch.save({"weights": torch.zeros(3)}, tmp_path / "checkpoint.pt")
+    result = run_python("train_single.py", *SMALL, "--device", "cpu", "--resume",
+                        "--out", tmp_path)
+    assert_one_line_error(result, "is not a checkpoint of these scripts")
+    other = tmp_path / "other"
+    assert run_python("train_single.py", *SMALL, "--epochs", "1", "--device", "cpu",
+                      "--out", other).returncode == 0
+    result = run_python("train_single.py", *SMALL, "--device", "cpu", "--resume",
+                        "--dtype", "float64", "--out", other)
+    assert_one_line_error(result, "belongs to another run")
+
+
+def test_ddp_script_outside_torchrun(tmp_path):
+    result = run_python("train_ddp.py", *SMALL, "--out", tmp_path / "run")
+    assert_one_line_error(result, "start this script with torchrun")
+
+
+def test_ddp_bad_input_is_one_line_per_rank(tmp_path):
+    result = run_torchrun(2, "train_ddp.py", *SMALL, "--batch-size", "0", "--out", tmp_path)
+    assert result.returncode != 0
+    ours = [line for line in result.stderr.splitlines() if "error: --batch-size" in line]
+    assert sorted(ours) == ["[rank 0] error: --batch-size must be at least 1, got 0",
+                            "[rank 1] error: --batch-size must be at least 1, got 0"]
+    assert "common.UsageError" not in result.stderr  # no traceback of ours in the summary

@@ -1,0 +1,127 @@
+"""The companion scripts' contract: equivalence, resume, metrics and checkpoint format."""
+import json
+
+import pytest
+import torch
+
+from helpers import SMALL, load_model_state, max_difference, run_python, run_torchrun
+
+CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_time_s",
+                 "samples_per_s", "world_size", "device", "backend", "strategy"}
+
+
+def read_metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def ddp_two_by_16(tmp_path_factory):
+    """Two processes with 16 images each per step, one epoch, float32."""
+    out = tmp_path_factory.mktemp("ddp2")
+    result = run_torchrun(2, "train_ddp.py", *SMALL, "--epochs", "1", "--batch-size", "16",
+                          "--out", out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+def test_two_processes_equal_one_process_with_twice_the_batch(ddp_two_by_16, tmp_path):
+    single = run_python("train_single.py", *SMALL, "--epochs", "1", "--batch-size", "32",
+                        "--device", "cpu", "--out", tmp_path)
+    assert single.returncode == 0, single.stderr
+    difference = max_difference(load_model_state(ddp_two_by_16), load_model_state(tmp_path))
+    assert difference < 1e-5, f"parameters differ by {difference}"
+    # Not trivially equal: the model did move away from its initial weights.
+    from ddp_scripts.common import build_model
+    initial = build_model("cnn", seed=0).state_dict()
+    assert max_difference(initial, load_model_state(tmp_path)) > 1e-3
+
+
+def test_equivalence_in_float64_is_at_rounding_level(tmp_path):
+    runs = {}
+    for nproc, batch in ((2, 16), (1, 32)):
+        out = tmp_path / f"n{nproc}"
+        result = run_torchrun(nproc, "train_ddp.py", *SMALL, "--epochs", "1", "--batch-size",
+                              batch, "--dtype", "float64", "--out", out)
+        assert result.returncode == 0, result.stdout + result.stderr
+        runs[nproc] = load_model_state(out)
+    assert runs[1]["fc3.weight"].dtype == torch.float64
+    assert max_difference(runs[1], runs[2]) < 1e-12
+
+
+def test_ddp_metrics_and_checkpoint_contract(ddp_two_by_16):
+    rows = read_metrics(ddp_two_by_16)
+    assert [row["epoch"] for row in rows] == [1]
+    row = rows[0]
+    assert CONTRACT_KEYS <= row.keys()
+    assert (row["world_size"], row["backend"], row["strategy"]) == (2, "gloo", "ddp")
+    assert row["device"] == "cpu" and row["global_batch_size"] == 32
+    # Distributed evaluation scores each of the 128 test images exactly once.
+    assert row["test_samples"] == 128 and row["train_samples"] == 512
+    assert 0.0 <= row["test_accuracy"] <= 1.0 and row["samples_per_s"] > 0
+    state = torch.load(ddp_two_by_16 / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert {"model", "optimizer", "epoch"} <= state.keys() and state["epoch"] == 1
+    assert not any(key.startswith("module.") for key in state["model"])
+    summary = json.loads((ddp_two_by_16 / "run.json").read_text())
+    assert summary["startup_s"] > 0 and summary["train_s"] > 0
+
+
+def test_single_process_resume_equals_uninterrupted(tmp_path):
+    common = [*SMALL, "--epochs", "3", "--device", "cpu", "--batch-size", "32"]
+    straight = run_python("train_single.py", *common, "--out", tmp_path / "straight")
+    first = run_python("train_single.py", *common, "--stop-after-epoch", "1",
+                       "--out", tmp_path / "resumed")
+    assert straight.returncode == 0 and first.returncode == 0, straight.stderr + first.stderr
+    assert read_metrics(tmp_path / "resumed")[-1]["epoch"] == 1
+    second = run_python("train_single.py", *common, "--resume", "--out", tmp_path / "resumed")
+    assert second.returncode == 0, second.stderr
+    assert "resuming after epoch 1" in second.stdout
+    assert [r["epoch"] for r in read_metrics(tmp_path / "resumed")] == [1, 2, 3]
+    resumed = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=True)
+    uninterrupted = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)
+    assert max_difference(resumed["model"], uninterrupted["model"]) == 0.0
+    momentum = lambda state: [s["momentum_buffer"] for s in state["optimizer"]["state"].values()]
+    assert all(torch.equal(a, b) for a, b in zip(momentum(resumed), momentum(uninterrupted)))
+
+
+def test_ddp_resume_equals_uninterrupted(tmp_path):
+    common = [*SMALL, "--epochs", "2", "--batch-size", "16"]
+    straight = run_torchrun(2, "train_ddp.py", *common, "--out", tmp_path / "straight")
+    first = run_torchrun(2, "train_ddp.py", *common, "--stop-after-epoch", "1",
+                         "--out", tmp_path / "resumed")
+    second = run_torchrun(2, "train_ddp.py", *common, "--resume", "--out", tmp_path / "resumed")
+    for result in (straight, first, second):
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert [r["epoch"] for r in read_metrics(tmp_path / "resumed")] == [1, 2]
+    difference = max_difference(load_model_state(tmp_path / "resumed"),
+                                load_model_state(tmp_path / "straight"))
+    assert difference == 0.0
+
+
+def test_resume_on_an_empty_directory_starts_fresh(tmp_path):
+    result = run_python("train_single.py", *SMALL, "--epochs", "1", "--resume",
+                        "--device", "cpu", "--out", tmp_path / "new")
+    assert result.returncode == 0, result.stderr
+    assert "resuming" not in result.stdout
+    assert [r["epoch"] for r in read_metrics(tmp_path / "new")] == [1]
+
+
+def test_synthetic_data_is_learnable_and_deterministic():
+    from ddp_scripts.common import synthetic_cifar
+    (x1, y1), (xt1, yt1) = synthetic_cifar(256, 64)
+    (x2, y2), _ = synthetic_cifar(256, 64)
+    assert x1.shape == (256, 3, 32, 32) and xt1.shape == (64, 3, 32, 32)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert set(y1.tolist()) == set(range(10))
+    assert not torch.equal(x1[:64], xt1)  # the test split holds other images
+
+
+def test_cifar10_falls_back_to_synthetic_with_an_announcement(tmp_path):
+    result = run_python("train_single.py", "--dataset", "cifar10", "--data-dir", tmp_path / "none",
+                        "--train-samples", "256", "--test-samples", "64", "--epochs", "1",
+                        "--device", "cpu", "--out", tmp_path / "run", timeout=300,
+                        env={"PATH": "/usr/bin:/bin", "https_proxy": "http://127.0.0.1:9",
+                             "http_proxy": "http://127.0.0.1:9"})
+    assert result.returncode == 0, result.stderr
+    assert "CIFAR-10 could not be loaded" in result.stdout
+    assert "using the synthetic CIFAR-shaped data set instead" in result.stdout
+    assert read_metrics(tmp_path / "run")[0]["dataset"] == "synthetic (fallback)"
