@@ -125,3 +125,18 @@ def test_cifar10_falls_back_to_synthetic_with_an_announcement(tmp_path):
     assert "CIFAR-10 could not be loaded" in result.stdout
     assert "using the synthetic CIFAR-shaped data set instead" in result.stdout
     assert read_metrics(tmp_path / "run")[0]["dataset"] == "synthetic (fallback)"
+
+
+def test_the_source_articles_launcher_still_works(tmp_path):
+    """python -m torch.distributed.launch passes --local-rank; the script takes it, says so."""
+    import subprocess
+    import sys
+    from helpers import SCRIPTS
+    from ddp_scripts.launcher import free_port
+    command = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2",
+               f"--master_port={free_port()}", str(SCRIPTS / "train_ddp.py"), *SMALL,
+               "--epochs", "1", "--batch-size", "16", "--out", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("notice: --local-rank comes from the deprecated") == 1
+    assert [r["world_size"] for r in read_metrics(tmp_path)] == [2]
