@@ -32,7 +32,8 @@ def run_cli(main):
         main()
     except UsageError as error:
         rank = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
-        print(f"{rank}error: {error}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"{rank}error: {error}\n")  # one write: see say()
+        sys.stderr.flush()
         sys.exit(2)
 
 
@@ -481,8 +482,13 @@ def write_summary(out, summary):
 
 
 def say(message, rank=0):
-    """Print one line, tagged with the rank, flushed at once (launchers read it live)."""
-    print(f"[rank {rank}] {message}", flush=True)
+    """Print one line, tagged with the rank, flushed at once (launchers read it live).
+
+    The line and its newline go out in one write: print() writes them apart, and with
+    unbuffered output (PYTHONUNBUFFERED=1, as the launcher sets) two ranks' lines can mix.
+    """
+    sys.stdout.write(f"[rank {rank}] {message}\n")
+    sys.stdout.flush()
 
 
 def elapsed_since(start):
