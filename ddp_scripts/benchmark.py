@@ -1,0 +1,485 @@
+"""Time the same training on the CPU, one GPU, DataParallel and DDP; write one results file.
+
+    python ddp_scripts/benchmark.py --size smoke --out runs/benchmark.json     # seconds
+    python ddp_scripts/benchmark.py --size full --out results/my-lab.json      # minutes on a GPU
+    python ddp_scripts/benchmark.py --configs cpu,ddp --epochs 3 --out runs/b.json
+
+Every configuration trains the same model on the same data for the same epochs with the
+same global batch (DDP with N processes: --batch-size global/N per process). Each one is a
+run of the companion scripts, in a directory of its own under --runs-dir:
+
+    cpu   train_single.py --device cpu                   one process, all cores
+    gpu   train_single.py --device cuda                  one process, one GPU
+    dp    train_single.py --device cuda --data-parallel  one process, every visible GPU
+    ddp   train_ddp.py under torchrun                    one process per visible GPU (nccl);
+                                                         on a machine without a GPU, processes
+                                                         that share the cores (gloo)
+
+A configuration this machine cannot run is recorded as skipped, with the reason. The results
+file holds, per run: wall time, start-up and training time, every epoch's time, samples/s
+over the epochs after the first (the first is warm-up), final test accuracy; and once, the
+hardware: CPU, GPUs, how the GPUs are connected (nvidia-smi topo -m), torch and CUDA.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if __package__:  # imported from a notebook: `from ddp_scripts.benchmark import load_results`
+    from .common import UsageError, describe_hardware, run_cli, write_atomically
+    from .launcher import LaunchError, as_cli, read_metrics, run_command, torchrun_command
+else:            # run as a script: python ddp_scripts/benchmark.py
+    from common import UsageError, describe_hardware, run_cli, write_atomically
+    from launcher import LaunchError, as_cli, read_metrics, run_command, torchrun_command
+
+SCRIPTS = Path(__file__).resolve().parent
+ROOT = SCRIPTS.parent
+CONFIGS = ("cpu", "gpu", "dp", "ddp")
+SCHEMA = 1
+
+# Two sizes. smoke: seconds on two CPU cores (CI). full: the whole CIFAR-10 training set
+# for several epochs, minutes on one lab GPU, so that CPU and GPU differ as in practice.
+SIZES = {
+    "smoke": {"dataset": "synthetic", "train_samples": 1024, "test_samples": 256,
+              "epochs": 2, "batch_size": 64, "model": "cnn", "timeout_s": 600},
+    "full": {"dataset": "cifar10", "train_samples": None, "test_samples": None,
+             "epochs": 5, "batch_size": 64, "model": "cnn", "timeout_s": 7200},
+}
+
+
+# ---------------------------------------------------------------------------------------
+# The machine: what every number in the results file was measured on
+# ---------------------------------------------------------------------------------------
+def describe_machine():
+    import torch
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            gpus.append({"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1)})
+    try:
+        usable_cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        usable_cores = os.cpu_count()
+    try:
+        import psutil
+        physical_cores = psutil.cpu_count(logical=False)
+    except ImportError:
+        physical_cores = None
+    cpu_model = describe_hardware(torch.device("cpu"))["processor"]
+    machine = {
+        "cpu": {"model": cpu_model, "logical_cores": os.cpu_count(),
+                "physical_cores": physical_cores, "usable_cores": usable_cores},
+        "gpus": gpus, "gpu_count": len(gpus),
+        "interconnect": gpu_interconnect(len(gpus)),
+        "driver": _nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"]),
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": _nccl_version() if gpus else None,
+        "python": platform.python_version(), "platform": platform.platform(),
+    }
+    machine["label"] = hardware_label(machine)
+    return machine
+
+
+def _nccl_version():
+    try:
+        import torch
+        version = torch.cuda.nccl.version()
+    except Exception:  # a build of torch without NCCL
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def hardware_label(machine):
+    """One line naming the hardware, e.g. '2 x NVIDIA TITAN Xp (NV2); Intel Xeon, 16 cores'."""
+    cpu = machine["cpu"]
+    cores = f"{cpu['usable_cores']} core{'s' if cpu['usable_cores'] != 1 else ''}"
+    names = [gpu["name"] for gpu in machine["gpus"]]
+    if not names:
+        return f"{cpu['model']}, {cores}, no GPU"
+    gpus = (f"{len(names)} x {names[0]}" if len(set(names)) == 1 else " + ".join(names))
+    links = sorted(set(machine["interconnect"].get("links", {}).values()))
+    if links:
+        gpus += f" ({'/'.join(links)})"
+    return f"{gpus}; {cpu['model']}, {cores}"
+
+
+def gpu_interconnect(gpu_count):
+    """`nvidia-smi topo -m` as text, and the link between each pair of GPUs (NV#, PIX, SYS...)."""
+    if gpu_count == 0:
+        return {"topology": None, "links": {}, "note": "no GPU visible"}
+    text = _nvidia_smi(["topo", "-m"])
+    if text is None:
+        return {"topology": None, "links": {},
+                "note": "nvidia-smi is not available here, so the links are unknown"}
+    return {"topology": text, "links": parse_topology(text), "note": None}
+
+
+def parse_topology(text):
+    """{"GPU0-GPU1": "NV4", ...} from the matrix `nvidia-smi topo -m` prints."""
+    rows = [line.split() for line in text.splitlines() if line.strip()]
+    if not rows:
+        return {}
+    gpus = [column for column in rows[0] if re.fullmatch(r"GPU\d+", column)]  # the header
+    links = {}
+    for row in rows[1:]:
+        if row[0] in gpus:
+            for column, link in zip(gpus, row[1:1 + len(gpus)]):
+                if gpus.index(column) > gpus.index(row[0]):  # each pair once
+                    links[f"{row[0]}-{column}"] = link
+    return links
+
+
+def _nvidia_smi(arguments):
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        done = subprocess.run(["nvidia-smi", *arguments], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+# ---------------------------------------------------------------------------------------
+# The plan: one command per configuration, or the reason it cannot run here
+# ---------------------------------------------------------------------------------------
+def plan_runs(configs, settings, gpu_count, runs_dir, cpu_processes=2, gpu_names=()):
+    """A list of runs: each with its command and batch split, or status 'skipped' and why."""
+    runs = []
+    shared = {"dataset": settings["dataset"], "data_dir": settings["data_dir"],
+              "train_samples": settings["train_samples"],
+              "test_samples": settings["test_samples"], "model": settings["model"],
+              "epochs": settings["epochs"], "seed": settings["seed"]}
+    global_batch = settings["batch_size"]
+    first_gpu = gpu_names[0] if gpu_names else "one GPU"
+    for config in configs:
+        run = {"config": config, "out": str(Path(runs_dir) / config),
+               "global_batch_size": global_batch}
+        if config == "cpu":
+            run.update(description="one process on the CPU, all cores", script="train_single.py",
+                       processes=1, device="cpu", options={"device": "cpu"})
+        elif config == "gpu":
+            run.update(description="one process, one GPU", script="train_single.py",
+                       processes=1, device="cuda", options={"device": "cuda"})
+            if gpu_count == 0:
+                run["skip"] = ("no CUDA GPU is visible on this machine "
+                               "(torch.cuda.is_available() is False)")
+        elif config == "dp":
+            run.update(description="DataParallel: one process, every visible GPU",
+                       script="train_single.py", processes=1, device="cuda",
+                       options={"device": "cuda", "data_parallel": True})
+            if gpu_count == 0:
+                run["skip"] = "no CUDA GPU is visible, and DataParallel needs CUDA GPUs"
+            elif gpu_count == 1:
+                run["skip"] = (f"only one GPU is visible ({first_gpu}); DataParallel needs two "
+                               "or more to split a batch over")
+        elif config == "ddp":
+            if gpu_count >= 2:
+                processes, device, backend = gpu_count, "cuda", "nccl"
+                what = f"DDP: {processes} processes, one GPU each (nccl)"
+            else:
+                processes, device, backend = cpu_processes, "cpu", "gloo"
+                what = f"DDP: {processes} processes sharing the CPU cores (gloo)"
+            run.update(description=what, script="train_ddp.py", processes=processes,
+                       device=device, backend=backend, options={"device": device})
+            if gpu_count == 1:
+                run["skip"] = (f"only one GPU is visible ({first_gpu}); DDP over GPUs needs two "
+                               "or more (one process per GPU)")
+            elif global_batch % processes:
+                run["skip"] = (f"the global batch of {global_batch} does not split evenly over "
+                               f"{processes} processes: pass a --batch-size that is a multiple "
+                               f"of {processes}")
+        else:
+            raise UsageError(f"unknown configuration {config!r}: choose from {', '.join(CONFIGS)}")
+        run["batch_size_per_process"] = global_batch // run["processes"]
+        run["options"] = {**shared, **run["options"], "batch_size": run["batch_size_per_process"]}
+        runs.append(run)
+    return runs
+
+
+def command_for(run, overwrite=False):
+    """The argv that runs `run`: the script itself, or torchrun for DDP (via the launcher)."""
+    args = as_cli({**run["options"], "out": run["out"], "overwrite": overwrite})
+    if run["script"] == "train_ddp.py":
+        return torchrun_command("train_ddp.py", run["processes"], args)
+    return [sys.executable, str(SCRIPTS / run["script"]), *args]
+
+
+def readable(command):
+    """The command as a person would type it: python/torchrun, paths relative to the repo."""
+    words = list(command)
+    if words[1:3] == ["-m", "torch.distributed.run"]:
+        words = ["torchrun", *words[3:]]
+        for flag in ("--master-addr", "--master-port", "--nnodes"):  # the launcher's details
+            if flag in words:
+                i = words.index(flag)
+                del words[i:i + 2]
+        words.insert(1, "--standalone")
+    else:
+        words[0] = "python"
+    return shlex.join(_relative(word) for word in words)
+
+
+def _relative(word):
+    """An absolute path inside the repository, relative to it; anything else unchanged."""
+    if not Path(word).is_absolute():
+        return word
+    try:
+        return str(Path(word).resolve().relative_to(ROOT.resolve()))
+    except (ValueError, OSError):
+        return word
+
+
+# ---------------------------------------------------------------------------------------
+# Running and measuring
+# ---------------------------------------------------------------------------------------
+def measure(run, overwrite, timeout_s, echo=print):
+    """Run one configuration through the launcher and read back what it wrote."""
+    command = command_for(run, overwrite)
+    run["command"] = readable(command)
+    started = time.perf_counter()
+    run_command(command, timeout=timeout_s, progress=False, echo=echo)
+    run["wall_s"] = time.perf_counter() - started  # process start to exit, as a stopwatch sees it
+    summary = json.loads((Path(run["out"]) / "run.json").read_text())
+    metrics = read_metrics(run["out"])
+    epoch_times = metrics["epoch_time_s"].tolist()
+    warmup = 1 if len(epoch_times) > 1 else 0  # the first epoch pays for one-off costs
+    steady = epoch_times[warmup:]
+    last = metrics.iloc[-1]
+    run.update(
+        status="measured",
+        startup_s=summary["startup_s"], train_s=summary["train_s"], total_s=summary["total_s"],
+        epoch_time_s=epoch_times, warmup_epochs=warmup,
+        steady_epoch_s=sum(steady) / len(steady),
+        samples_per_s=int(last["train_samples"]) * len(steady) / sum(steady),
+        test_accuracy=float(last["test_accuracy"]), train_loss=float(last["train_loss"]),
+        train_samples=int(last["train_samples"]), test_samples=int(last["test_samples"]),
+        dataset=str(last["dataset"]), threads_per_process=int(last["threads"]),
+        backend=last["backend"] if isinstance(last["backend"], str) else None,
+        gpus=int(last["gpus"]), world_size=int(last["world_size"]),
+        run_device=summary["hardware"]["device"])
+    return run
+
+
+def prepare_data(settings, echo=print):
+    """Fetch CIFAR-10 once, before any clock starts; if it cannot be had, use synthetic data
+    of the full size for every run (announced), rather than let each run try and fail."""
+    if settings["dataset"] != "cifar10":
+        return None
+    if __package__:
+        from .common import cifar10_tensors
+    else:
+        from common import cifar10_tensors
+    try:
+        cifar10_tensors(settings["data_dir"], download=True)
+        return None
+    except Exception as error:  # offline, or a broken download
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        note = (f"CIFAR-10 could not be loaded from {_relative(settings['data_dir'])} "
+                f"({reason}); every configuration uses the synthetic CIFAR-shaped data set of "
+                "the same size instead")
+        echo(f"[benchmark] {note}")
+        settings["dataset"] = "synthetic"
+        return note
+
+
+def run_benchmark(configs, settings, out, runs_dir, overwrite=False, cpu_processes=2,
+                  echo=print):
+    """Plan, run each configuration in turn, write the results file. Returns the results."""
+    machine = describe_machine()
+    echo(f"[benchmark] hardware: {machine['label']}")
+    preset = SIZES[settings["size"]]
+    changed = {k: v for k, v in settings.items() if k in preset and v != preset[k]}
+    data_note = prepare_data(settings, echo)
+    runs = plan_runs(configs, settings, machine["gpu_count"], runs_dir, cpu_processes,
+                     [gpu["name"] for gpu in machine["gpus"]])
+    load_before = _load_average()
+    for number, run in enumerate(runs, 1):
+        header = f"[benchmark] {number}/{len(runs)} {run['config']}: {run['description']}"
+        if "skip" in run:
+            run.update(status="skipped", reason=run.pop("skip"))
+            echo(f"{header}: skipped, {run['reason']}")
+            continue
+        echo(f"{header}, batch {run['batch_size_per_process']} per process "
+             f"(global {run['global_batch_size']})")
+        try:
+            measure(run, overwrite, settings["timeout_s"], echo)
+        except LaunchError as error:  # recorded, and the other configurations still run
+            run.update(status="failed", reason=str(error))
+            echo(f"[benchmark] {run['config']} failed: {error}")
+            continue
+        echo(f"[benchmark] {run['config']}: wall {run['wall_s']:.1f} s (start-up "
+             f"{run['startup_s']:.1f} s), {run['samples_per_s']:.0f} samples/s after warm-up, "
+             f"test accuracy {run['test_accuracy']:.3f}")
+    results = {
+        "schema": SCHEMA,
+        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "size": settings["size"], "data_note": data_note,
+        "changed_from_size": changed,
+        "settings": {**settings, "data_dir": _relative(settings["data_dir"])},
+        "hardware": {**machine, "load_average_before": load_before,
+                     "load_average_after": _load_average()},
+        "runs": [{**{k: v for k, v in run.items() if k != "options"}, "out": _relative(run["out"])}
+                 for run in runs],
+    }
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(out, lambda f: f.write(json.dumps(results, indent=1) + "\n"), mode="w")
+    echo(f"[benchmark] results written to {out}")
+    return results
+
+
+def _load_average():
+    """Other work on the machine slows every run: recorded, so a reader can tell."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------
+# Reading results back (used by the chapter)
+# ---------------------------------------------------------------------------------------
+def load_results(path):
+    results = json.loads(Path(path).read_text())
+    if not isinstance(results, dict) or results.get("schema") != SCHEMA or "runs" not in results:
+        raise UsageError(f"{path} is not a results file of this benchmark (schema {SCHEMA})")
+    return results
+
+
+def results_table(results):
+    """One row per configuration: times, speed-ups and scaling efficiency, all computed.
+
+    speed-up vs CPU / vs 1 GPU: the baseline's time per steady epoch over this one's (the
+    same samples per epoch, so it is also the ratio of samples/s). "wall" compares whole runs,
+    start-up included, as a stopwatch would. Scaling efficiency: the speed-up over one GPU
+    divided by the number of GPUs (1.0 = every added GPU pays in full).
+    """
+    import pandas as pd
+    rows = []
+    for run in results["runs"]:
+        row = {"config": run["config"], "status": run["status"],
+               "description": run["description"], "processes": run["processes"],
+               "batch/process": run["batch_size_per_process"],
+               "global batch": run["global_batch_size"]}
+        if run["status"] == "measured":
+            row.update({"threads/process": run["threads_per_process"], "gpus": run["gpus"],
+                        "wall s": run["wall_s"], "startup s": run["startup_s"],
+                        "epoch s (steady)": run["steady_epoch_s"],
+                        "samples/s": run["samples_per_s"],
+                        "test accuracy": run["test_accuracy"]})
+        row["reason"] = run.get("reason", "")
+        rows.append(row)
+    table = pd.DataFrame(rows).set_index("config")
+    for column in ("threads/process", "gpus", "wall s", "startup s", "epoch s (steady)",
+                   "samples/s", "test accuracy"):
+        if column not in table:
+            table[column] = float("nan")
+    measured = table["status"] == "measured"
+
+    def baseline(config, column):
+        ok = config in table.index and measured.get(config, False)
+        return table.loc[config, column] if ok else float("nan")
+
+    table["x CPU (wall)"] = baseline("cpu", "wall s") / table["wall s"]
+    table["x CPU"] = baseline("cpu", "epoch s (steady)") / table["epoch s (steady)"]
+    table["x 1 GPU"] = baseline("gpu", "epoch s (steady)") / table["epoch s (steady)"]
+    on_gpus = table.index.isin(["dp", "ddp"]) & (table["gpus"] > 1)
+    table["efficiency"] = (table["x 1 GPU"] / table["gpus"]).where(on_gpus)
+    return table
+
+
+# ---------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------
+def parse_configs(text):
+    configs = [c.strip() for c in text.split(",") if c.strip()]
+    if configs == ["all"]:
+        return list(CONFIGS)
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or not configs:
+        raise UsageError(f"unknown configuration {', '.join(map(repr, unknown)) or repr(text)}: "
+                         f"choose from {', '.join(CONFIGS)} (comma-separated) or all")
+    return list(dict.fromkeys(configs))  # in the order given, each once
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", choices=sorted(SIZES), default="smoke",
+                   help="smoke: seconds, synthetic data; full: all of CIFAR-10, several epochs")
+    p.add_argument("--configs", default="all",
+                   help=f"comma-separated, from {', '.join(CONFIGS)}; default all")
+    p.add_argument("--out", required=True, help="the results file (JSON) to write")
+    p.add_argument("--runs-dir", default=None,
+                   help="where each configuration's run directory goes "
+                        "(default: runs/benchmark/<name of --out>)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing results file and the runs it came from")
+    p.add_argument("--epochs", type=int, default=None, help="override the size's epochs")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="the global batch, held fixed across configurations")
+    p.add_argument("--dataset", choices=["cifar10", "synthetic"], default=None)
+    p.add_argument("--train-samples", type=int, default=None)
+    p.add_argument("--test-samples", type=int, default=None)
+    p.add_argument("--model", choices=["cnn", "resnet18"], default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=str(ROOT / "data"))
+    p.add_argument("--cpu-processes", type=int, default=2,
+                   help="DDP processes on a machine without a GPU (gloo)")
+    p.add_argument("--timeout-s", type=float, default=None, help="per configuration")
+    return p
+
+
+def settings_for(size, seed=0, data_dir=ROOT / "data", **overrides):
+    """The size's settings, with any override that is not None."""
+    if size not in SIZES:
+        raise UsageError(f"unknown size {size!r}: choose from {', '.join(SIZES)}")
+    settings = {"size": size, **SIZES[size], "seed": seed, "data_dir": str(data_dir)}
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    for name in ("epochs", "batch_size"):
+        if settings[name] < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {settings[name]}")
+    return settings
+
+
+def main():
+    args = build_parser().parse_args()
+    configs = parse_configs(args.configs)
+    settings = settings_for(args.size, args.seed, args.data_dir, epochs=args.epochs,
+                            batch_size=args.batch_size, dataset=args.dataset,
+                            train_samples=args.train_samples, test_samples=args.test_samples,
+                            model=args.model, timeout_s=args.timeout_s)
+    if args.cpu_processes < 1:
+        raise UsageError(f"--cpu-processes must be at least 1, got {args.cpu_processes}")
+    out = Path(args.out)
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give a file name such as {out}/results.json")
+    if out.exists() and not args.overwrite:
+        raise UsageError(f"{out} already exists; pass --overwrite to replace it, "
+                         "or choose another --out")
+    runs_dir = Path(args.runs_dir or ROOT / "runs" / "benchmark" / out.stem)
+    if not args.overwrite:  # checked before anything runs: no run replaces another's logs
+        logs = ("metrics.jsonl", "checkpoint.pt")
+        held = [runs_dir / c for c in configs if any((runs_dir / c / f).exists() for f in logs)]
+        if held:
+            raise UsageError(f"{held[0]} already holds a run; pass --overwrite to replace it, "
+                             "or choose another --runs-dir")
+    results = run_benchmark(configs, settings, out, runs_dir, args.overwrite, args.cpu_processes)
+    failed = [run["config"] for run in results["runs"] if run["status"] == "failed"]
+    if failed:
+        print(f"error: {', '.join(failed)} failed (see above); the results file records why",
+              file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,174 @@
+"""The benchmark (ddp_scripts/benchmark.py): the smoke size end to end, and its refusals."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ddp_scripts.benchmark import (CONFIGS, command_for, hardware_label, load_results,
+                                   parse_configs, parse_topology, plan_runs, readable,
+                                   results_table, settings_for)
+from ddp_scripts.common import UsageError
+from helpers import SCRIPTS
+
+NO_GPU = not torch.cuda.is_available()
+
+
+def benchmark(*args, timeout=300):
+    return subprocess.run([sys.executable, str(SCRIPTS / "benchmark.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One smoke benchmark, shared by the tests that read its results."""
+    where = tmp_path_factory.mktemp("benchmark")
+    out = where / "results.json"
+    done = benchmark("--size", "smoke", "--out", out, "--runs-dir", where / "runs")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out, where, done
+
+
+def test_smoke_writes_a_valid_results_file(smoke):
+    out, where, done = smoke
+    results = load_results(out)
+    assert results["size"] == "smoke" and results["settings"]["dataset"] == "synthetic"
+    hardware = results["hardware"]
+    assert hardware["label"] and hardware["torch"] == torch.__version__
+    assert hardware["cpu"]["logical_cores"] >= 1 and hardware["gpu_count"] == len(hardware["gpus"])
+    runs = {run["config"]: run for run in results["runs"]}
+    assert list(runs) == list(CONFIGS)
+    for run in runs.values():
+        assert run["status"] in ("measured", "skipped"), run
+        if run["status"] == "skipped":
+            assert run["reason"], run
+            continue
+        assert run["wall_s"] > run["startup_s"] > 0
+        assert run["wall_s"] >= run["total_s"] >= run["train_s"] > 0
+        assert len(run["epoch_time_s"]) == results["settings"]["epochs"]
+        assert run["warmup_epochs"] == 1 and run["samples_per_s"] > 0
+        assert 0 <= run["test_accuracy"] <= 1
+        # The global batch is held fixed: N processes get global/N each.
+        assert run["batch_size_per_process"] * run["processes"] == run["global_batch_size"]
+        assert (where / "runs" / run["config"] / "run.json").exists()
+    assert runs["ddp"]["processes"] >= 2 or runs["ddp"]["status"] == "skipped"
+
+
+@pytest.mark.skipif(not NO_GPU, reason="checks what a machine without a GPU records")
+def test_without_a_gpu_cpu_and_ddp_run_and_the_gpu_rows_say_why_not(smoke):
+    runs = {run["config"]: run for run in load_results(smoke[0])["runs"]}
+    assert runs["cpu"]["status"] == runs["ddp"]["status"] == "measured"
+    assert runs["ddp"]["backend"] == "gloo" and runs["ddp"]["world_size"] == 2
+    assert runs["ddp"]["batch_size_per_process"] == runs["cpu"]["batch_size_per_process"] // 2
+    for config in ("gpu", "dp"):
+        assert runs[config]["status"] == "skipped" and "GPU" in runs[config]["reason"]
+    table = results_table(load_results(smoke[0]))
+    assert table.loc["cpu", "x CPU"] == 1.0
+    assert table.loc["ddp", "x CPU"] > 0 and table["x 1 GPU"].isna().all()
+
+
+def test_an_existing_results_file_is_not_overwritten(smoke):
+    out, where, _ = smoke
+    before = out.read_bytes()
+    done = benchmark("--size", "smoke", "--out", out, "--runs-dir", where / "other-runs")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "--overwrite" in done.stderr
+    assert out.read_bytes() == before
+
+
+def test_existing_runs_are_not_overwritten(smoke, tmp_path):
+    _, where, _ = smoke
+    done = benchmark("--configs", "cpu", "--out", tmp_path / "new.json",
+                     "--runs-dir", where / "runs")
+    assert done.returncode == 2 and "already holds a run" in done.stderr
+    assert not (tmp_path / "new.json").exists()
+
+
+@pytest.mark.skipif(not NO_GPU, reason="on a GPU machine these configurations would run")
+def test_overwrite_replaces_the_results_file_when_asked(tmp_path):
+    out = tmp_path / "results.json"
+    out.write_text("{}")
+    done = benchmark("--configs", "gpu,dp", "--out", out, "--runs-dir", tmp_path / "runs",
+                     "--overwrite")
+    assert done.returncode == 0, done.stderr
+    runs = load_results(out)["runs"]
+    assert [run["status"] for run in runs] == ["skipped", "skipped"]
+
+
+def test_bad_configuration_names_are_one_line_and_exit_2(tmp_path):
+    done = benchmark("--configs", "cpu,tpu", "--out", tmp_path / "r.json")
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: unknown configuration 'tpu'")
+    assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("text", [",", "gpus", "cpu,,ddp,x"])
+def test_configuration_lists_are_checked_before_anything_runs(text):
+    with pytest.raises(UsageError, match="unknown configuration"):
+        parse_configs(text)
+    assert parse_configs("all") == list(CONFIGS) and parse_configs("ddp, cpu,ddp") == ["ddp", "cpu"]
+
+
+def test_topology_is_read_from_nvidia_smi_output():
+    text = ("\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+            "GPU0\t X \tNV4\tPIX\t0-15\t0\t\tN/A\n"
+            "GPU1\tNV4\t X \tSYS\t0-15\t0\t\tN/A\n"
+            "NIC0\tPIX\tSYS\t X \n\nLegend:\n  X    = Self\n")
+    assert parse_topology(text) == {"GPU0-GPU1": "NV4"}
+
+
+def plan_for(gpu_count, batch_size=64):
+    settings = settings_for("smoke", batch_size=batch_size)
+    names = ["NVIDIA TITAN Xp"] * gpu_count
+    return {run["config"]: run for run in plan_runs(CONFIGS, settings, gpu_count, "runs/b",
+                                                     gpu_names=names)}
+
+
+def test_plan_on_two_gpus_splits_the_global_batch_over_one_process_per_gpu():
+    runs = plan_for(2)
+    assert not any("skip" in run for run in runs.values())
+    assert runs["dp"]["processes"] == 1 and runs["dp"]["batch_size_per_process"] == 64
+    assert runs["ddp"]["processes"] == 2 and runs["ddp"]["batch_size_per_process"] == 32
+    assert runs["ddp"]["backend"] == "nccl"
+    ddp = readable(command_for(runs["ddp"]))
+    assert ddp.startswith("torchrun --standalone") and "--nproc-per-node 2" in ddp
+    assert "--batch-size 32" in ddp and "--device cuda" in ddp
+    assert "--data-parallel" in readable(command_for(runs["dp"]))
+
+
+def test_plan_on_one_gpu_says_why_dp_and_ddp_do_not_run():
+    runs = plan_for(1)
+    assert "skip" not in runs["cpu"] and "skip" not in runs["gpu"]
+    for config in ("dp", "ddp"):
+        assert "only one GPU is visible (NVIDIA TITAN Xp)" in runs[config]["skip"]
+
+
+def test_plan_skips_ddp_when_the_batch_does_not_split():
+    assert "does not split evenly over 3 processes" in plan_for(3)["ddp"]["skip"]
+    assert "skip" not in plan_for(3)["dp"]
+
+
+def test_table_computes_speed_ups_and_efficiency():
+    def measured(config, gpus, epoch_s):
+        return {"config": config, "status": "measured", "description": config, "processes": 1,
+                "batch_size_per_process": 64, "global_batch_size": 64,
+                "threads_per_process": 1, "gpus": gpus, "wall_s": 10 * epoch_s,
+                "startup_s": 1.0, "steady_epoch_s": epoch_s, "samples_per_s": 1 / epoch_s,
+                "test_accuracy": 0.5}
+    results = {"runs": [measured("cpu", 0, 8.0), measured("gpu", 1, 1.0),
+                        measured("dp", 2, 0.8), measured("ddp", 2, 0.625)]}
+    table = results_table(results)
+    assert table.loc["gpu", "x CPU"] == 8.0 and table.loc["ddp", "x 1 GPU"] == 1.6
+    assert table.loc["dp", "efficiency"] == pytest.approx(0.625)
+    assert table.loc["ddp", "efficiency"] == pytest.approx(0.8)
+    assert table[["efficiency"]].loc[["cpu", "gpu"]].isna().all().all()
+
+
+def test_hardware_label_names_gpus_links_and_cores():
+    cpu = {"model": "Intel Xeon", "usable_cores": 16}
+    two = {"cpu": cpu, "gpus": [{"name": "NVIDIA TITAN Xp"}] * 2,
+           "interconnect": {"links": {"GPU0-GPU1": "PIX"}}}
+    assert hardware_label(two) == "2 x NVIDIA TITAN Xp (PIX); Intel Xeon, 16 cores"
+    assert hardware_label({"cpu": cpu, "gpus": [], "interconnect": {}}) == (
+        "Intel Xeon, 16 cores, no GPU")
