@@ -1,0 +1,108 @@
+"""Where the book's files are, and what its table of contents and configuration say.
+
+Shared by the tests of the sources (test_site_sources.py) and of the built site
+(test_site_html.py, test_site_browser.py, test_site_student.py).
+"""
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "_build"
+HTML = BUILD / "html"
+BUILT_SOURCES = BUILD / "src"          # the executed copy the site was rendered from
+SCREENSHOTS = BUILD / "screenshots"
+TIMINGS = BUILD / "notebook-timings.xml"
+SETUP_CELL = ROOT / "book" / "tools" / "setup_cell.py"
+MISSING_SITE = ("the built book is missing ({}): run `make book` first "
+                "(`make test` builds it before running the tests)")
+
+
+def config(path=ROOT / "_config.yml"):
+    return yaml.safe_load(Path(path).read_text())
+
+
+def site_config():
+    """The configuration the site was built with (build.py may set the JupyterHub URL)."""
+    built = BUILT_SOURCES / "_config.yml"
+    return config(built if built.exists() else ROOT / "_config.yml")
+
+
+def toc_entries():
+    """[(file without suffix, chapter number or None)] in reading order, root first."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    entries, number = [(toc["root"], None)], 0
+    for part in toc.get("parts", []):
+        for chapter in part.get("chapters", []):
+            if part.get("numbered"):
+                number += 1
+                entries.append((chapter["file"], number))
+            else:
+                entries.append((chapter["file"], None))
+    return entries
+
+
+def source_path(entry):
+    """The source file of a toc entry: .ipynb or .md."""
+    for suffix in (".ipynb", ".md"):
+        path = ROOT / (entry + suffix)
+        if path.exists():
+            return path
+    return ROOT / (entry + (".ipynb" if entry.startswith("notebooks/") else ".md"))
+
+
+def chapters():
+    """[(notebook path, chapter number)] for the notebooks in the table of contents."""
+    return [(ROOT / (entry + ".ipynb"), number) for entry, number in toc_entries()
+            if entry.startswith("notebooks/")]
+
+
+def load_notebook(path):
+    return json.loads(Path(path).read_text())
+
+
+def cell_source(cell):
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def first_code_cell(notebook):
+    return next((cell for cell in notebook["cells"] if cell["cell_type"] == "code"), None)
+
+
+def chapter_id(path):
+    """'01_devices' -> 1."""
+    return int(re.match(r"(\d+)_", Path(path).name).group(1))
+
+
+def page_for(entry):
+    return HTML / (entry + ".html")
+
+
+class Page(HTMLParser):
+    """The links, image sources, element ids and classes of one HTML page."""
+
+    def __init__(self, path):
+        super().__init__(convert_charrefs=True)
+        self.path = Path(path)
+        self.links, self.images, self.ids, self.elements = [], [], set(), []
+        self.feed(self.path.read_text(encoding="utf-8"))
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.elements.append((tag, attrs))
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        if tag == "a" and attrs.get("href") is not None:
+            self.links.append(attrs["href"])
+        elif tag == "img" and attrs.get("src"):
+            self.images.append(attrs["src"])
+        elif tag in ("link", "script") and (attrs.get("href") or attrs.get("src")):
+            self.links.append(attrs.get("href") or attrs.get("src"))
+
+    def with_class(self, name, tag=None):
+        return [attrs for t, attrs in self.elements
+                if name in (attrs.get("class") or "").split() and (tag is None or t == tag)]

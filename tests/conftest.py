@@ -1,0 +1,86 @@
+"""Fixtures for the tests of what readers see: the built site, a local web server, a browser.
+
+The site tests read _build/html, which `make book` writes; `make test` builds it first. When it
+is missing they fail (never skip), saying to run `make book`.
+"""
+import functools
+import http.server
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+from book_files import HTML, MISSING_SITE, SCREENSHOTS
+
+CHROMIUM = Path("/usr/bin/chromium")
+# sphinx-thebe 0.3.1 (which jupyter-book 1.x always loads) puts its settings script on every
+# page twice; the second `const` fails. Thebe is not used (launch_buttons.thebe is off), so
+# nothing a reader sees depends on it. Any other script error fails the tests.
+KNOWN_HARMLESS_ERRORS = ("Identifier 'THEBE_JS_URL' has already been declared",)
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="session")
+def site():
+    """_build/html, which must have been built."""
+    if not (HTML / "index.html").exists():
+        pytest.fail(MISSING_SITE.format(HTML / "index.html"), pytrace=False)
+    return HTML
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="session")
+def server(site):
+    """The built site, served on 127.0.0.1 at a free port; stopped after the tests."""
+    handler = functools.partial(QuietHandler, directory=str(site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium, headless, driven by Playwright."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: run `make browser` (apt-get install chromium)",
+                    pytrace=False)
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh tab; JavaScript errors on the page are collected in page.errors.
+
+    Requests that leave the local server (a CDN's MathJax, say) are refused: the tests
+    check the site as built, offline and the same every time.
+    """
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.route(re.compile(r"^(?!http://127\.0\.0\.1[:/]).*"), lambda route: route.abort())
+    tab = context.new_page()
+    tab.errors = []
+    tab.on("pageerror", lambda error: str(error) in KNOWN_HARMLESS_ERRORS
+           or tab.errors.append(str(error)))
+    tab.set_default_timeout(15_000)
+    yield tab
+    context.close()
+
+
+@pytest.fixture(scope="session")
+def screenshots():
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    return SCREENSHOTS

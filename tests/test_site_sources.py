@@ -1,0 +1,248 @@
+"""The committed sources of the book: table of contents, notebooks, set-up cell, exercises."""
+import os
+import re
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from book_files import (ROOT, SETUP_CELL, cell_source, chapter_id, chapters, config,
+                        first_code_cell, load_notebook, source_path, toc_entries)
+
+sys.path.insert(0, str(ROOT / "book" / "tools"))
+from student_copies import PARSER, fence_problems  # noqa: E402
+
+CHAPTERS = chapters()
+CHAPTER_IDS = [path.stem for path, _ in CHAPTERS]
+
+
+def test_readme_gives_the_two_commands_and_ci_runs_the_test_command():
+    readme = (ROOT / "README.md").read_text()
+    assert "make book" in readme and "make test" in readme
+    commands = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]
+    assert commands[-1] == "make test", f".ci/run must end with `make test`, not {commands[-1]!r}"
+
+
+def test_every_toc_entry_has_a_source_file():
+    missing = [entry for entry, _ in toc_entries() if not source_path(entry).exists()]
+    assert not missing, f"in _toc.yml but not in the repository: {missing}"
+
+
+def test_every_notebook_is_in_the_toc():
+    listed = {path for path, _ in CHAPTERS}
+    orphans = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb") if p not in listed)
+    assert not orphans, f"notebooks missing from _toc.yml (the book would not show them): {orphans}"
+
+
+def test_toc_numbers_the_chapters_in_file_order():
+    assert [number for _, number in CHAPTERS] == [chapter_id(p) for p, _ in CHAPTERS]
+
+
+@pytest.fixture(params=CHAPTERS, ids=CHAPTER_IDS)
+def chapter(request):
+    path, number = request.param
+    if not path.exists():
+        pytest.fail(f"{path.relative_to(ROOT)} is listed in _toc.yml but does not exist",
+                    pytrace=False)
+    return path, number, load_notebook(path)
+
+
+def test_notebook_is_committed_without_outputs_or_widget_state(chapter):
+    path, _, notebook = chapter
+    dirty = [i for i, cell in enumerate(notebook["cells"]) if cell["cell_type"] == "code"
+             and (cell.get("outputs") or cell.get("execution_count") is not None)]
+    assert not dirty, f"{path.name}: code cells {dirty} have outputs or execution counts"
+    assert "widgets" not in notebook.get("metadata", {}), f"{path.name} holds widget state"
+
+
+def test_notebook_uses_the_python3_kernel(chapter):
+    path, _, notebook = chapter
+    kernel = notebook.get("metadata", {}).get("kernelspec", {})
+    assert (kernel.get("name"), kernel.get("language")) == ("python3", "python"), path.name
+
+
+def test_title_carries_the_chapter_number_of_the_toc(chapter):
+    path, number, notebook = chapter
+    first = notebook["cells"][0]
+    assert first["cell_type"] == "markdown", f"{path.name}: the first cell must be the title"
+    title = cell_source(first).lstrip().splitlines()[0]
+    assert re.match(rf"# {number}\. \S", title), (
+        f"{path.name}: title {title!r} should start with '# {number}. ' (its place in _toc.yml)")
+    titles = [token for cell in notebook["cells"] if cell["cell_type"] == "markdown"
+              for token in PARSER.parse(cell_source(cell))
+              if token.type == "heading_open" and token.tag == "h1"]
+    assert len(titles) == 1, f"{path.name}: one '#' title only, then '##' sections"
+
+
+def test_first_code_cell_is_the_setup_cell(chapter):
+    path, _, notebook = chapter
+    cell = first_code_cell(notebook)
+    assert cell is not None and cell_source(cell).rstrip("\n") == SETUP_CELL.read_text().rstrip(
+        "\n"), (f"{path.name}: the first code cell differs from book/tools/setup_cell.py "
+                "(python book/tools/sync_setup_cell.py copies it in)")
+
+
+def test_chapter_ends_with_summary_and_exercises(chapter):
+    path, _, notebook = chapter
+    text = "\n".join(cell_source(c) for c in notebook["cells"] if c["cell_type"] == "markdown")
+    sections = re.findall(r"^## (.+?)\s*$", text, flags=re.M)
+    assert "Summary" in sections and "Exercises" in sections, f"{path.name}: {sections}"
+
+
+def directive_blocks(notebook, name):
+    """(cell index, argument line, body) of every ```{name} block in the markdown cells."""
+    found = []
+    pattern = re.compile(rf"^(?P<fence>`{{3,}}|:{{3,}})\{{{name}\}}[ \t]*(?P<arg>.*)$\n"
+                         rf"(?P<body>(?:.*\n)*?)(?P=fence)\s*$", re.M)
+    for index, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] == "markdown":
+            found += [(index, m.group("arg").strip(), m.group("body"))
+                      for m in pattern.finditer(cell_source(cell) + "\n")]
+    return found
+
+
+def test_exercises_have_labelled_collapsed_solutions(chapter):
+    path, number, notebook = chapter
+    exercises = directive_blocks(notebook, "exercise")
+    assert exercises, f"{path.name} has no {{exercise}}"
+    labels = [re.search(r"^:label:\s*(\S+)", body, re.M) for _, _, body in exercises]
+    assert all(labels), f"{path.name}: every exercise needs a :label:"
+    labels = [m.group(1) for m in labels]
+    prefix = f"ch{number:02d}-"
+    assert all(label.startswith(prefix) for label in labels), (
+        f"{path.name}: labels must start with {prefix}: {labels}")
+    solutions = directive_blocks(notebook, "solution")
+    for _, target, body in solutions:
+        assert target in labels, f"{path.name}: solution to unknown exercise {target!r}"
+        assert re.search(r"^:class:\s*dropdown\s*$", body, re.M), (
+            f"{path.name}: the solution to {target} must be collapsed (:class: dropdown)")
+    tagged = [c for c in notebook["cells"] if "solution" in c.get("metadata", {}).get("tags", [])]
+    assert solutions or tagged, f"{path.name}: no solution at all"
+    assert not any("{solution-start}" in cell_source(c) for c in notebook["cells"]), (
+        f"{path.name}: gated solutions ({{solution-start}}) crash sphinx-exercise 1.2; "
+        "use {solution} with :class: dropdown")
+
+
+def test_directive_fences_are_nested_correctly(chapter):
+    path, _, notebook = chapter
+    problems = [f"cell {i}: {problem}" for i, cell in enumerate(notebook["cells"])
+                if cell["cell_type"] == "markdown" for problem in fence_problems(cell_source(cell))]
+    assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+def test_solution_cells_come_after_markdown_and_nothing_depends_on_them(chapter):
+    """Student copies drop `solution` cells: what follows must still run without them."""
+    path, _, notebook = chapter
+    cells = notebook["cells"]
+    for index, cell in enumerate(cells):
+        if "solution" in cell.get("metadata", {}).get("tags", []):
+            assert cell["cell_type"] == "code", f"{path.name}: cell {index}"
+            assert index > 0 and (cells[index - 1]["cell_type"] == "markdown" or "solution" in
+                                  cells[index - 1].get("metadata", {}).get("tags", [])), (
+                f"{path.name}: solution cell {index} should follow the exercise's markdown")
+
+
+def test_instructor_guide_lists_the_chapter_with_its_own_time(chapter):
+    path, _, notebook = chapter
+    stated = re.search(r"\*\*Estimated time\.\*\*\D*(\d+) min", cell_source(notebook["cells"][0]))
+    assert stated, f"{path.name}: the first cell should give '**Estimated time.** N minutes'"
+    guide = (ROOT / "book" / "instructor-guide.md").read_text()
+    row = re.search(rf"^\| {{doc}}`../notebooks/{path.stem}` \|.*?\| (\d+) min \|", guide, re.M)
+    assert row, f"book/instructor-guide.md has no row for {path.stem}"
+    assert row.group(1) == stated.group(1), (
+        f"instructor guide says {row.group(1)} min for {path.stem}, the chapter {stated.group(1)}")
+
+
+# ---------------------------------------------------------------------------------------
+# The set-up cell: finds the companion scripts, or fetches them from the repository
+# ---------------------------------------------------------------------------------------
+def test_setup_cell_names_the_repository_of_the_config():
+    match = re.search(r'^REPOSITORY = "([^"]+)"$', SETUP_CELL.read_text(), re.M)
+    assert match, "setup_cell.py must define REPOSITORY = \"...\""
+    assert match.group(1) == config()["repository"]["url"]
+
+
+def test_repository_address_written_in_the_docs_is_the_configured_one():
+    """Clone commands in the README and the front matter name the repository of _config.yml."""
+    url = config()["repository"]["url"].rstrip("/")
+    docs = [ROOT / "README.md", *sorted((ROOT / "book").glob("*.md"))]
+    others = {f"{doc.name}: {found}" for doc in docs
+              for found in re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", doc.read_text())
+              if found.rstrip(".") != url}
+    assert not others, f"the repository is {url}; the docs also name {sorted(others)}"
+
+
+def fake_git(bin_dir, log, clone_works):
+    """A `git` that logs its arguments and 'clones' by creating ddp_scripts/common.py."""
+    bin_dir.mkdir()
+    script = bin_dir / "git"
+    body = textwrap.dedent(f"""\
+        #!{sys.executable}
+        import pathlib, sys
+        with open({str(log)!r}, "a") as f:
+            f.write(" ".join(sys.argv[1:]) + "\\n")
+        if not {clone_works!r}:
+            print("fatal: unable to access the repository", file=sys.stderr)
+            sys.exit(128)
+        target = pathlib.Path(sys.argv[-1]) / "ddp_scripts"
+        target.mkdir(parents=True)
+        (target / "common.py").write_text("")
+        """)
+    script.write_text(body)
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return bin_dir
+
+
+def run_setup_cell(cwd, bin_dir):
+    code = SETUP_CELL.read_text() + "\nprint('ROOT=' + str(ROOT))\nprint('RUNS=' + str(RUNS))\n"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def printed(result, name):
+    return next(line.split("=", 1)[1] for line in result.stdout.splitlines()
+                if line.startswith(name + "="))
+
+
+def test_setup_cell_inside_the_repository_finds_root_without_git(tmp_path):
+    inside = ROOT / "_build" / f"setup-cell-test-{os.getpid()}" / "notebooks"
+    inside.mkdir(parents=True)
+    try:
+        log = tmp_path / "git.log"
+        result = run_setup_cell(inside, fake_git(tmp_path / "bin", log, clone_works=False))
+        assert result.returncode == 0, result.stderr
+        assert printed(result, "ROOT") == str(ROOT)
+        assert printed(result, "RUNS") == str(ROOT / "runs")
+        assert not log.exists(), "git was called although the scripts were there"
+    finally:
+        import shutil
+        shutil.rmtree(inside.parent)
+
+
+def test_setup_cell_alone_clones_the_repository_once(tmp_path):
+    alone = tmp_path / "content"
+    alone.mkdir()
+    log = tmp_path / "git.log"
+    result = run_setup_cell(alone, fake_git(tmp_path / "bin", log, clone_works=True))
+    assert result.returncode == 0, result.stderr
+    assert printed(result, "ROOT") == str(alone / "gpu-book")
+    assert log.read_text().split() == ["clone", "--depth", "1", config()["repository"]["url"],
+                                       str(alone / "gpu-book")]
+    # Run again (a restarted Colab kernel): the clone is found, git is not called again.
+    again = run_setup_cell(alone, tmp_path / "bin")
+    assert again.returncode == 0, again.stderr
+    assert printed(again, "ROOT") == str(alone / "gpu-book")
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_setup_cell_alone_without_network_fails_loudly(tmp_path):
+    alone = tmp_path / "content"
+    alone.mkdir()
+    result = run_setup_cell(alone, fake_git(tmp_path / "bin", tmp_path / "git.log",
+                                            clone_works=False))
+    assert result.returncode != 0
+    assert "CalledProcessError" in result.stderr and "ROOT=" not in result.stdout

@@ -1,0 +1,117 @@
+"""Student copies (make student-copies): no solution left in them, and they still run."""
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from book_files import ROOT, TIMINGS, cell_source, chapters, load_notebook
+
+sys.path.insert(0, str(ROOT / "book" / "tools"))
+import student_copies  # noqa: E402
+
+TOOL = ROOT / "book" / "tools" / "student_copies.py"
+CHAPTERS = [path for path, _ in chapters()]
+
+
+SOLUTION_BLOCK = re.compile(r"^(`{3,}|:{3,})\{solution\}.*\n((?:.*\n)*?)\1\s*$", re.M)
+
+
+def solution_texts(notebook):
+    """Lines found only in solutions (not in the exercises or the rest of the chapter):
+    none of them may survive in a student copy."""
+    in_solutions, elsewhere = [], []
+    for cell in notebook["cells"]:
+        source = cell_source(cell) + "\n"
+        if "solution" in cell.get("metadata", {}).get("tags", []):
+            in_solutions += source.splitlines()
+        elif cell["cell_type"] == "markdown":
+            in_solutions += [line for block in SOLUTION_BLOCK.finditer(source)
+                             for line in block.group(2).splitlines()]
+            elsewhere += SOLUTION_BLOCK.sub("", source).splitlines()
+        else:
+            elsewhere += source.splitlines()
+    shared = {line.strip() for line in elsewhere}
+    return [line for line in in_solutions if len(line.strip()) > 12
+            and line.strip() not in shared and not line.startswith((":", "```"))]
+
+
+@pytest.fixture(scope="module")
+def handout(tmp_path_factory):
+    missing = [p.name for p in CHAPTERS if not p.exists()]
+    if missing:
+        pytest.fail(f"chapters listed in _toc.yml are missing: {missing}", pytrace=False)
+    out = tmp_path_factory.mktemp("student")
+    result = subprocess.run([sys.executable, str(TOOL), "--out", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_student_copy_has_no_solution_and_keeps_the_exercises(handout, path):
+    original, copy = load_notebook(path), load_notebook(handout / "notebooks" / path.name)
+    text = "\n".join(cell_source(cell) for cell in copy["cells"])
+    assert "{solution" not in text
+    assert not any("solution" in c.get("metadata", {}).get("tags", []) for c in copy["cells"])
+    lines = {line.strip() for line in text.splitlines()}
+    leaked = [line for line in solution_texts(original) if line.strip() in lines]
+    assert not leaked, f"{path.name}: solution text left in the student copy: {leaked[:3]}"
+    exercises = "\n".join(cell_source(c) for c in original["cells"]).count("{exercise}")
+    assert text.count("{exercise}") == exercises
+    assert student_copies.leftover_solutions(copy) == []
+
+
+def test_handout_carries_the_companion_scripts(handout):
+    assert (handout / "ddp_scripts" / "common.py").exists()
+    assert (handout / "ddp_scripts" / "launcher.py").exists()
+
+
+def fastest_chapters(count):
+    """The chapters that executed fastest in the last build (chapter 1 if none recorded)."""
+    if not TIMINGS.exists():
+        return [ROOT / "notebooks" / "01_devices.ipynb"]
+    times = {case.get("file", "").split("/")[-1]: float(case.get("time", "inf"))
+             for case in ET.parse(TIMINGS).getroot().iter("testcase")}
+    ranked = sorted((p for p in CHAPTERS if p.name in times), key=lambda p: times[p.name])
+    return ranked[:count] or [ROOT / "notebooks" / "01_devices.ipynb"]
+
+
+def test_student_copy_still_runs(handout):
+    """Executed with nbmake: nothing after a removed solution depended on it."""
+    copies = [str(handout / "notebooks" / path.name) for path in fastest_chapters(1)]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbmake", "--nbmake-timeout=300", "-q",
+         "-p", "no:cacheprovider", "--rootdir", str(handout), *copies],
+        cwd=handout, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert re.search(r"\b1 passed\b", result.stdout), result.stdout[-2000:]
+
+
+def test_strips_every_kind_of_solution_block():
+    markdown = "\n".join([
+        "Intro.", "", "```{exercise} One", ":label: ch09-a", "Do it.", "```", "",
+        "````{solution} ch09-a", ":class: dropdown", "Secret A.", "```python", "code_a()",
+        "```", "````", "", ":::{solution} ch09-b", ":class: dropdown", "Secret B.", ":::", "",
+        "```{solution-start} ch09-c", "```", "Secret C.", "```{solution-end}", "```", "",
+        "After."])
+    stripped = student_copies.strip_solutions(markdown)
+    assert "Secret" not in stripped and "code_a" not in stripped
+    assert "Do it." in stripped and stripped.endswith("After.")
+
+
+def test_a_solution_closed_early_by_its_own_code_fence_is_refused():
+    markdown = "```{solution} ch09-a\n:class: dropdown\n```python\nleak()\n```\n```\n"
+    with pytest.raises(student_copies.UsageError, match="closed early"):
+        student_copies.strip_solutions(markdown)
+
+
+def test_bad_input_is_one_line_and_exit_status_2(tmp_path):
+    not_a_notebook = tmp_path / "notes.ipynb"
+    not_a_notebook.write_text("this is not JSON")
+    result = subprocess.run([sys.executable, str(TOOL), "--out", str(tmp_path / "out"),
+                             str(not_a_notebook), str(tmp_path / "missing.ipynb")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
