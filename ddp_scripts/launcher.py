@@ -3,7 +3,8 @@
 DistributedDataParallel needs one process per rank, which a notebook kernel cannot be. So a
 notebook calls `run_script(...)`: it starts the script as a subprocess (no shell), streams
 every rank's output into the notebook as it comes, and returns metrics.jsonl as a DataFrame.
-Whatever happens (failure, timeout, a kernel interrupt) the whole process tree is ended.
+Whatever happens (failure, timeout, a kernel interrupt) the whole process tree is ended;
+on Linux, even when the kernel itself dies.
 
     from ddp_scripts.launcher import run_script
     df = run_script("train_ddp.py", nproc=2, out="runs/ddp", dataset="synthetic", epochs=2)
@@ -111,7 +112,7 @@ def run_command(command, timeout=600, progress="auto", total_epochs=None, env=No
     full_env.setdefault("OMP_NUM_THREADS", "1")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, text=True, env=full_env,
-                               start_new_session=True, bufsize=1)
+                               start_new_session=True, bufsize=1, preexec_fn=_end_with_parent)
     lines, bar = [], _progress_bar(progress, total_epochs)
     reader = queue.Queue()
     threading.Thread(target=_pump, args=(process.stdout, reader), daemon=True).start()
@@ -141,6 +142,18 @@ def run_command(command, timeout=600, progress="auto", total_epochs=None, env=No
     if process.returncode != 0:
         raise failure_from_output(process.returncode, lines)
     return lines
+
+
+if sys.platform == "linux":
+    import ctypes
+    _prctl = ctypes.CDLL(None).prctl  # looked up here: between fork and exec it is only called
+
+    def _end_with_parent():
+        """Runs in the child before it starts: should the kernel die (killed, out of memory),
+        Linux sends the child SIGTERM, and torchrun ends its workers instead of going on."""
+        _prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+else:
+    _end_with_parent = None
 
 
 def _pump(stream, reader):
@@ -180,7 +193,8 @@ def _show(line, bar, echo):
     match = EPOCH_LINE.search(line)
     if match:
         bar.update(int(match.group(1)) - bar.n)
-    bar.write(line)
+    # Printed lines go above the bar; a caller's own echo (collecting lines) still gets them.
+    (bar.write if echo is print else echo)(line)
 
 
 def end_process_tree(process, grace_s=5.0):

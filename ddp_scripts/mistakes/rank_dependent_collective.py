@@ -1,0 +1,56 @@
+"""A collective that only one rank calls: the other never answers, and the call times out.
+
+    torchrun --standalone --nproc-per-node 2 ddp_scripts/mistakes/rank_dependent_collective.py --timeout-s 5
+    torchrun --standalone --nproc-per-node 2 ddp_scripts/mistakes/rank_dependent_collective.py --fixed
+
+Every rank must call every collective (all_reduce, barrier, broadcast, and the all_reduce
+hidden in DDP's backward) in the same order. Here rank 0 wants the total number of samples
+for a log line and calls all_reduce inside `if rank == 0:`; rank 1 has gone on to the end
+of the epoch and waits at a barrier. Each waits for the other until the process group's
+timeout, then fails.
+"""
+import argparse
+import datetime
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def say(message, rank):
+    sys.stdout.write(f"[rank {rank}] {message}\n")  # one write, so ranks' lines never mix
+    sys.stdout.flush()
+
+
+def log_total_buggy(samples, rank):
+    if rank == 0:
+        dist.all_reduce(samples)   # only rank 0 gets here: it waits for rank 1 in vain
+        say(f"samples seen by all ranks: {samples.item():.0f}", rank)
+
+
+def log_total_fixed(samples, rank):
+    dist.all_reduce(samples)       # every rank calls the collective...
+    if rank == 0:                  # ...and only the printing depends on the rank
+        say(f"samples seen by all ranks: {samples.item():.0f}", rank)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--timeout-s", type=float, default=600,
+                        help="how long a collective waits for the other ranks before failing")
+    parser.add_argument("--fixed", action="store_true", help="every rank calls all_reduce")
+    args = parser.parse_args()
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
+    rank = dist.get_rank()
+    say(f"joined the group; collectives time out after {args.timeout_s:g} s", rank)
+    samples = torch.tensor([1000.0 * (rank + 1)])  # what this rank trained on this epoch
+    start = time.perf_counter()
+    (log_total_fixed if args.fixed else log_total_buggy)(samples, rank)
+    dist.barrier()                 # the end of the epoch: every rank waits for all the others
+    say(f"epoch done after {time.perf_counter() - start:.1f} s", rank)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""Faults a distributed run must survive, on the CPU with gloo.
+
+A rank killed mid-run (torchrun restarts the workers, --resume continues from the last
+checkpoint, and the run ends with the model an uninterrupted run ends with); a crash in the
+middle of a save or between a log line and its checkpoint; a rank that skips a collective;
+a second node that never joins; a launcher that times out, is interrupted, or loses the
+kernel that started it. Each torchrun start costs seconds on two cores, so the runs are small
+and few; every timeout is generous, and every test checks something that a broken script or
+launcher would get wrong.
+"""
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from ddp_scripts.common import (append_metrics, build_model, build_parser, load_checkpoint,
+                                prepare_out_dir, save_checkpoint, start_out_dir)
+from ddp_scripts.launcher import (LaunchError, LaunchTimeout, as_cli, free_port, run_command,
+                                  run_script, torchrun_command)
+from ddp_scripts.mistakes.faults import (kill_rank_after_epoch, logged_epochs,
+                                         processes_mentioning)
+
+ROOT = Path(__file__).resolve().parents[1]
+# Three epochs of a second or two each: time for a kill to land in the middle of the run.
+RUN = dict(dataset="synthetic", epochs=3, batch_size=32, train_samples=2048, test_samples=256,
+           device="cpu")
+COLLECTIVE_DEMO = "mistakes/rank_dependent_collective.py"
+# Restarts need a key-value store of their own per attempt: torchrun shares one between the
+# attempts (the static rendezvous always, c10d by default), and a restarted worker can read
+# the address of a dead one from it (pytorch/pytorch#135712). c10d (--standalone) with the
+# sharing turned off gives each attempt a fresh store.
+RESTARTS = ["--standalone", "--max-restarts", "2"]
+FRESH_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+class ProcessWatcher:
+    """Notes every process this test process starts, children's children included."""
+
+    def __init__(self):
+        self.seen, self._stop = {}, threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self):
+        me = psutil.Process()
+        while not self._stop.is_set():
+            for proc in me.children(recursive=True):
+                try:
+                    self.seen.setdefault((proc.pid, proc.create_time()), " ".join(proc.cmdline()))
+                except psutil.Error:
+                    pass
+            time.sleep(0.05)
+
+    def workers(self, marker):
+        """Command lines of the processes seen that ran `marker`, torchrun itself excluded."""
+        return [cmd for cmd in self.seen.values()
+                if marker in cmd and "torch.distributed.run" not in cmd]
+
+    def survivors(self, grace_s=10):
+        """The processes seen that are still running `grace_s` seconds from now, at the latest."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            alive = [cmd for (pid, created), cmd in self.seen.items() if _alive(pid, created)]
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.2)
+
+
+def _alive(pid, created):
+    try:
+        proc = psutil.Process(pid)
+        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def train_ddp(out, torchrun_args=(), env=None, timeout=400, **options):
+    """train_ddp.py on 2 processes under torchrun; returns its output lines."""
+    script_args = as_cli({**RUN, "out": out, **options})
+    command = torchrun_command("train_ddp.py", 2, script_args, torchrun_args=torchrun_args)
+    return run_command(command, timeout=timeout, env=env, echo=lambda line: None)
+
+
+def epochs_in_metrics(out):
+    """The epoch of every line of OUT/metrics.jsonl; a line that is not whole JSON fails."""
+    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["epoch"] for line in lines]
+
+
+def checkpoint(out):
+    return torch.load(Path(out) / "checkpoint.pt", map_location="cpu", weights_only=True)
+
+
+def max_difference(a, b):
+    """Largest difference between two (nested) dicts of tensors and numbers."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        return max((max_difference(a[k], b[k]) for k in a), default=0.0)
+    if isinstance(a, (list, tuple)):
+        return max((max_difference(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
+    if isinstance(a, torch.Tensor):
+        return (a.double() - b.double()).abs().max().item()
+    return 0.0 if a == b else float("inf")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference: a run that nothing interrupts. --resume on an empty directory starts it."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    lines = train_ddp(out, resume=True)
+    assert not any("resuming" in line for line in lines)
+    return out
+
+
+def test_killed_rank_restarts_and_ends_with_the_uninterrupted_model(uninterrupted, tmp_path):
+    out = tmp_path / "killed"
+    killer = kill_rank_after_epoch(out, after_epoch=1, rank=0)  # rank 0: the one that writes
+    lines = train_ddp(out, torchrun_args=RESTARTS, env=FRESH_STORE, resume=True)
+    killer.join(timeout=30)
+    print(killer.report())
+    assert killer.killed_pid is not None, killer.report()
+    resumed = [line for line in lines if line.startswith("[rank 0] resuming after epoch")]
+    assert len(resumed) == 1, "expected exactly one restart:\n" + "\n".join(lines[-30:])
+    assert epochs_in_metrics(out) == [1, 2, 3]  # each epoch once, although epoch 2 ran twice
+    reference, resumed_state = checkpoint(uninterrupted), checkpoint(out)
+    assert resumed_state["epoch"] == reference["epoch"] == 3
+    difference = max_difference(reference["model"], resumed_state["model"])
+    print(f"largest parameter difference from the uninterrupted run: {difference:g}")
+    assert difference == 0.0
+    # The optimizer too: SGD's momentum buffers came back from the checkpoint.
+    assert max_difference(reference["optimizer"], resumed_state["optimizer"]) == 0.0
+
+
+def test_crash_during_a_save_leaves_the_last_checkpoint_whole(tmp_path):
+    """The process dies half-way through writing the checkpoint of epoch 2."""
+    args = build_parser("test").parse_args(["--out", str(tmp_path), "--dataset", "synthetic"])
+    model = build_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    save_checkpoint(tmp_path, model, optimizer, 1, args)
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+    crash = f"""
+import io, os, signal, sys, torch
+sys.path.insert(0, {str(ROOT)!r})
+from ddp_scripts import common
+real_save = torch.save
+
+def save_half_then_die(obj, f):
+    buffer = io.BytesIO()
+    real_save(obj, buffer)
+    f.write(buffer.getvalue()[:buffer.tell() // 2])
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+torch.save = save_half_then_die
+args = common.build_parser("crash").parse_args(["--out", {str(tmp_path)!r}, "--dataset", "synthetic"])
+model = common.build_model(seed=1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+common.save_checkpoint({str(tmp_path)!r}, model, optimizer, 2, args)
+"""
+    result = subprocess.run([sys.executable, "-c", crash], capture_output=True, timeout=300)
+    assert result.returncode == -signal.SIGKILL, result.stderr.decode()[-2000:]
+    leftovers = list(tmp_path.glob(".checkpoint.pt.tmp*"))
+    assert len(leftovers) == 1 and leftovers[0].stat().st_size > 0  # it did die mid-write
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before
+    assert load_checkpoint(tmp_path / "checkpoint.pt")["epoch"] == 1
+    # The next start with --resume continues from epoch 1 and removes the unfinished file.
+    args.resume = True
+    start_out_dir(args, prepare_out_dir(args))
+    assert not list(tmp_path.glob(".*.tmp*"))
+
+
+def test_crash_between_log_and_checkpoint_logs_each_epoch_once(tmp_path):
+    """Epoch 3 was logged but its checkpoint never written; epoch 4's line was cut short."""
+    args = build_parser("test").parse_args(["--out", str(tmp_path), "--dataset", "synthetic",
+                                            "--resume"])
+    model = build_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in (1, 2, 3):
+        append_metrics(tmp_path, {"epoch": epoch, "test_accuracy": 0.1 * epoch})
+        if epoch < 3:
+            save_checkpoint(tmp_path, model, optimizer, epoch, args)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 4, "test_acc')
+    start_out_dir(args, prepare_out_dir(args))  # what a restarted rank 0 does first
+    assert epochs_in_metrics(tmp_path) == [1, 2]
+    for epoch in (3, 4):  # training goes on from epoch 3
+        append_metrics(tmp_path, {"epoch": epoch, "test_accuracy": 0.1 * epoch})
+    assert epochs_in_metrics(tmp_path) == [1, 2, 3, 4]
+
+
+def test_rank_that_skips_a_collective_fails_within_the_timeout():
+    arrivals = []
+    with ProcessWatcher() as watcher, pytest.raises(LaunchError) as caught:
+        run_command(torchrun_command(COLLECTIVE_DEMO, 2, ["--timeout-s", "3"]), timeout=300,
+                    echo=lambda line: arrivals.append((time.monotonic(), line)))
+    assert "Timed out" in str(caught.value), str(caught.value)
+    joined = [t for t, line in arrivals if "joined the group" in line]
+    failed = [t for t, line in arrivals if "Timed out" in line]
+    assert len(joined) == 2 and failed, "\n".join(line for _, line in arrivals)
+    waited = failed[0] - max(joined)
+    print(f"the collective failed {waited:.1f} s after both ranks had joined (timeout: 3 s)")
+    assert 2.0 < waited < 60
+    assert len(watcher.workers(COLLECTIVE_DEMO)) == 2
+    assert watcher.survivors() == []
+
+
+def test_launcher_timeout_ends_a_hung_run():
+    """A collective that would wait 600 s: the launcher's own timeout ends it first."""
+    start = time.monotonic()
+    with ProcessWatcher() as watcher, pytest.raises(LaunchTimeout):
+        run_command(torchrun_command(COLLECTIVE_DEMO, 2, ["--timeout-s", "600"]), timeout=20,
+                    echo=lambda line: None)
+    assert time.monotonic() - start < 60
+    assert len(watcher.workers(COLLECTIVE_DEMO)) == 2  # the workers had started
+    assert watcher.survivors() == []
+
+
+@pytest.mark.parametrize("stop", ["interrupt", "kernel dies"])
+def test_a_stopped_notebook_leaves_no_process_behind(tmp_path, stop):
+    """'Interrupt the kernel' (or Ctrl-C) raises KeyboardInterrupt, and the launcher ends its
+    run. A kernel that dies outright (killed, out of memory) cleans nothing up: Linux then
+    sends torchrun SIGTERM (the launcher asked for it), and torchrun ends its workers."""
+    out = tmp_path / "run"
+    driver = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from ddp_scripts.launcher import run_script
+run_script("train_ddp.py", nproc=2, out={str(out)!r}, timeout=600, progress=False,
+           **{dict(RUN, epochs=50)!r})
+"""
+    log = tmp_path / "notebook.log"
+    with open(log, "w") as sink:
+        process = subprocess.Popen([sys.executable, "-c", driver], stdout=sink,
+                                   stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not logged_epochs(out) and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.1)
+        assert logged_epochs(out), "the run never logged an epoch:\n" + log.read_text()[-3000:]
+        running = {proc.pid for proc in processes_mentioning(str(out))} - {process.pid}
+        assert len(running) >= 3, running  # torchrun and its two workers
+        stopped = time.monotonic()
+        process.send_signal(signal.SIGINT if stop == "interrupt" else signal.SIGKILL)
+        process.wait(timeout=120)
+        while processes_mentioning(str(out)) and time.monotonic() < stopped + 60:
+            time.sleep(0.2)
+    finally:
+        process.kill()
+    left = [proc.pid for proc in processes_mentioning(str(out))]
+    print(f"{stop}: the run's last process ended {time.monotonic() - stopped:.1f} s later")
+    assert left == [], f"processes left behind: {left}"
+    if stop == "interrupt":
+        assert "KeyboardInterrupt" in log.read_text()
+
+
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_node_that_never_joins_fails_with_a_rendezvous_timeout(tmp_path, rendezvous):
+    """--nnodes 2, but only node 0 is started: it waits 5 s for node 1, then gives up."""
+    if rendezvous == "static":  # torchrun's default, with --master-addr/--master-port
+        torchrun_args = ["--nnodes", "2", "--node-rank", "0", "--rdzv-conf", "timeout=5"]
+        expected = "1/2 clients joined"
+    else:
+        torchrun_args = ["--nnodes", "2", "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                         "--rdzv-conf", "join_timeout=5"]
+        expected = "RendezvousTimeoutError"
+    start = time.monotonic()
+    with ProcessWatcher() as watcher, pytest.raises(LaunchError) as caught:
+        run_script("train_ddp.py", nproc=1, out=tmp_path / "node0", timeout=300,
+                   progress=False, echo=lambda line: None, torchrun_args=torchrun_args, **RUN)
+    took = time.monotonic() - start
+    print(f"{rendezvous}: failed after {took:.1f} s: {caught.value}")
+    assert expected in str(caught.value)
+    assert not isinstance(caught.value, LaunchTimeout) and took < 120
+    assert watcher.workers("train_ddp.py") == []  # no worker was ever started
+    assert watcher.survivors() == []
