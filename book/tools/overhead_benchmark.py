@@ -1,6 +1,6 @@
 """How much do the companion scripts and the launcher cost, against bare PyTorch?
 
-    python book/tools/overhead_benchmark.py --out results/overhead-<machine>.json
+    python book/tools/overhead_benchmark.py --out results/overhead/<machine>.json
 
 1. Training speed: samples/s of a bare loop (the same CNN, batch, tensors and shuffle, no
    DataLoader, no logging) against train_single.py and train_ddp.py with one process. Each
