@@ -28,14 +28,6 @@ def test_output_is_streamed_while_the_run_goes_on():
     assert arrivals[1][1] - arrivals[0][1] > 1.0  # 'first' was shown before 'second' existed
 
 
-def test_a_ddp_run_returns_its_metrics(tmp_path):
-    frame = run_script("train_ddp.py", nproc=2, out=tmp_path, epochs=2, batch_size=16,
-                       dataset="synthetic", train_samples=512, test_samples=128,
-                       timeout=240, progress=False)
-    assert list(frame["epoch"]) == [1, 2]
-    assert set(frame["world_size"]) == {2} and set(frame["strategy"]) == {"ddp"}
-
-
 def test_failure_names_the_rank_its_exit_code_and_message(tmp_path):
     with pytest.raises(LaunchError) as caught:
         run_script("train_ddp.py", nproc=2, out=tmp_path, dataset="synthetic", batch_size=0,
