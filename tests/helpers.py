@@ -30,6 +30,13 @@ def load_model_state(out):
     return torch.load(Path(out) / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
 
 
-def max_difference(state_a, state_b):
-    assert state_a.keys() == state_b.keys()
-    return max((state_a[k].double() - state_b[k].double()).abs().max().item() for k in state_a)
+def max_difference(a, b):
+    """Largest difference between two (nested) dicts of tensors and numbers."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        return max((max_difference(a[k], b[k]) for k in a), default=0.0)
+    if isinstance(a, (list, tuple)):
+        return max((max_difference(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
+    if isinstance(a, torch.Tensor):
+        return (a.double() - b.double()).abs().max().item()
+    return 0.0 if a == b else float("inf")

@@ -26,6 +26,7 @@ from ddp_scripts.launcher import (LaunchError, LaunchTimeout, as_cli, free_port,
                                   run_script, torchrun_command)
 from ddp_scripts.mistakes.faults import (kill_rank_after_epoch, logged_epochs,
                                          processes_mentioning)
+from helpers import max_difference
 
 ROOT = Path(__file__).resolve().parents[1]
 # Three epochs of a second or two each: time for a kill to land in the middle of the run.
@@ -103,18 +104,6 @@ def epochs_in_metrics(out):
 
 def checkpoint(out):
     return torch.load(Path(out) / "checkpoint.pt", map_location="cpu", weights_only=True)
-
-
-def max_difference(a, b):
-    """Largest difference between two (nested) dicts of tensors and numbers."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        return max((max_difference(a[k], b[k]) for k in a), default=0.0)
-    if isinstance(a, (list, tuple)):
-        return max((max_difference(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
-    if isinstance(a, torch.Tensor):
-        return (a.double() - b.double()).abs().max().item()
-    return 0.0 if a == b else float("inf")
 
 
 @pytest.fixture(scope="module")

@@ -2,21 +2,10 @@
 import sys
 import time
 
-import psutil
 import pytest
 
 from ddp_scripts.launcher import LaunchError, LaunchTimeout, run_command, run_script
-
-
-def processes_mentioning(marker):
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if any(marker in part for part in proc.info["cmdline"] or []):
-                found.append(proc)
-        except psutil.Error:
-            pass
-    return found
+from ddp_scripts.mistakes.faults import processes_mentioning
 
 
 def test_output_is_streamed_while_the_run_goes_on():
