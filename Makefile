@@ -21,7 +21,7 @@ browser:
 	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
 
 test: book browser
-	$(BIN)/python -m pytest -n 2 tests
+	$(BIN)/python -m pytest -n 2 --dist loadgroup tests
 
 student-copies: $(INSTALLED)
 	$(BIN)/python book/tools/student_copies.py

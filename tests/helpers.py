@@ -1,7 +1,11 @@
 """Small helpers shared by the tests: run a companion script, compare two checkpoints."""
+import contextlib
+import io
 import os
+import runpy
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -16,6 +20,41 @@ def run_python(script, *args, timeout=180, env=None):
     """Run ddp_scripts/<script> as one process; returns the CompletedProcess (text)."""
     return subprocess.run([sys.executable, str(SCRIPTS / script), *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def run_in_process(script, *args):
+    """Run ddp_scripts/<script> as `python <script> ARGS` would, but inside this process.
+
+    A new Python process pays for importing torch (about 6 s of CPU here) before the script
+    starts; the tests of single-process runs would spend most of their time on it. The script
+    runs as __main__ with this argv; its exit status, stdout and stderr come back as a
+    CompletedProcess, and an exception it lets out is printed as Python would print it
+    (status 1), so a bare traceback fails the same assertions as in a real process.
+    """
+    path = SCRIPTS / script
+    argv = [str(path), *map(str, args)]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved = sys.argv, list(sys.path), torch.get_num_threads()
+    sys.argv = argv
+    sys.path.insert(0, str(SCRIPTS))  # as `python script` does: the script's folder first
+    status = 0
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                runpy.run_path(str(path), run_name="__main__")
+            except SystemExit as exit:  # sys.exit(code) as the interpreter reads it
+                if isinstance(exit.code, int) or exit.code is None:
+                    status = exit.code or 0
+                else:
+                    print(exit.code, file=sys.stderr)
+                    status = 1
+            except Exception:  # noqa: BLE001 - reported as the interpreter would
+                traceback.print_exc()
+                status = 1
+    finally:
+        sys.argv, sys.path[:] = saved[0], saved[1]
+        torch.set_num_threads(saved[2])
+    return subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
 
 
 def run_torchrun(nproc, script, *args, timeout=240, torchrun_args=()):

@@ -1,8 +1,13 @@
-"""Bad input: one clear line on stderr, exit status 2, no traceback, nothing overwritten."""
+"""Bad input: one clear line on stderr, exit status 2, no traceback, nothing overwritten.
+
+Most cases run the script inside this process (helpers.run_in_process): the same status and
+output, without seconds of torch import per case. A GPU asked for where there is none, and
+train_ddp.py outside torchrun, run as processes of their own, as a shell would start them.
+"""
 import pytest
 import torch
 
-from helpers import SMALL, run_python, run_torchrun
+from helpers import SMALL, run_in_process, run_python, run_torchrun
 
 
 def assert_one_line_error(result, *fragments):
@@ -24,7 +29,7 @@ def test_cuda_without_a_gpu(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_data_parallel_without_a_gpu(tmp_path):
-    result = run_python("train_single.py", *SMALL, "--data-parallel", "--out", tmp_path / "run")
+    result = run_in_process("train_single.py", *SMALL, "--data-parallel", "--out", tmp_path / "run")
     assert_one_line_error(result, "--data-parallel needs CUDA GPUs")
 
 
@@ -45,39 +50,39 @@ def test_more_processes_than_gpus_with_nccl(monkeypatch):
     ("--epochs", "0", "--epochs must be at least 1"),
 ])
 def test_numbers_that_cannot_work(tmp_path, option, value, fragment):
-    result = run_python("train_single.py", *SMALL, "--device", "cpu", option, value,
+    result = run_in_process("train_single.py", *SMALL, "--device", "cpu", option, value,
                         "--out", tmp_path / "run")
     assert_one_line_error(result, fragment)
 
 
 def test_an_existing_run_is_never_overwritten_silently(tmp_path):
     args = [*SMALL, "--epochs", "1", "--device", "cpu", "--out", tmp_path]
-    assert run_python("train_single.py", *args).returncode == 0
+    assert run_in_process("train_single.py", *args).returncode == 0
     before = (tmp_path / "metrics.jsonl").read_bytes(), (tmp_path / "checkpoint.pt").read_bytes()
-    result = run_python("train_single.py", *args)
+    result = run_in_process("train_single.py", *args)
     assert_one_line_error(result, "already holds a run", "--resume", "--overwrite")
     after = (tmp_path / "metrics.jsonl").read_bytes(), (tmp_path / "checkpoint.pt").read_bytes()
     assert before == after
-    assert run_python("train_single.py", *args, "--overwrite").returncode == 0
+    assert run_in_process("train_single.py", *args, "--overwrite").returncode == 0
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
 
 
 def test_unreadable_checkpoint(tmp_path):
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint at all")
-    result = run_python("train_single.py", *SMALL, "--device", "cpu", "--resume",
+    result = run_in_process("train_single.py", *SMALL, "--device", "cpu", "--resume",
                         "--out", tmp_path)
     assert_one_line_error(result, "cannot read checkpoint")
 
 
 def test_foreign_checkpoints(tmp_path):
     torch.save({"weights": torch.zeros(3)}, tmp_path / "checkpoint.pt")
-    result = run_python("train_single.py", *SMALL, "--device", "cpu", "--resume",
+    result = run_in_process("train_single.py", *SMALL, "--device", "cpu", "--resume",
                         "--out", tmp_path)
     assert_one_line_error(result, "is not a checkpoint of these scripts")
     other = tmp_path / "other"
-    assert run_python("train_single.py", *SMALL, "--epochs", "1", "--device", "cpu",
+    assert run_in_process("train_single.py", *SMALL, "--epochs", "1", "--device", "cpu",
                       "--out", other).returncode == 0
-    result = run_python("train_single.py", *SMALL, "--device", "cpu", "--resume",
+    result = run_in_process("train_single.py", *SMALL, "--device", "cpu", "--resume",
                         "--dtype", "float64", "--out", other)
     assert_one_line_error(result, "belongs to another run")
 

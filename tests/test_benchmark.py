@@ -19,7 +19,13 @@ def benchmark(*args, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
+# The tests that read this fixture's run go to one pytest-xdist worker (--dist loadgroup), and
+# the fixture lives for the session: pytest ends a module's fixtures whenever the worker
+# turns to another module's test, and the run would be made again.
+shares_smoke = pytest.mark.xdist_group("benchmark_smoke")
+
+
+@pytest.fixture(scope="session")
 def smoke(tmp_path_factory):
     """One smoke benchmark, shared by the tests that read its results."""
     where = tmp_path_factory.mktemp("benchmark")
@@ -29,6 +35,7 @@ def smoke(tmp_path_factory):
     return out, where, done
 
 
+@shares_smoke
 def test_smoke_writes_a_valid_results_file(smoke):
     out, where, done = smoke
     results = load_results(out)
@@ -54,6 +61,7 @@ def test_smoke_writes_a_valid_results_file(smoke):
     assert runs["ddp"]["processes"] >= 2 or runs["ddp"]["status"] == "skipped"
 
 
+@shares_smoke
 @pytest.mark.skipif(not NO_GPU, reason="checks what a machine without a GPU records")
 def test_without_a_gpu_cpu_and_ddp_run_and_the_gpu_rows_say_why_not(smoke):
     runs = {run["config"]: run for run in load_results(smoke[0])["runs"]}
@@ -67,6 +75,7 @@ def test_without_a_gpu_cpu_and_ddp_run_and_the_gpu_rows_say_why_not(smoke):
     assert table.loc["ddp", "x CPU"] > 0 and table["x 1 GPU"].isna().all()
 
 
+@shares_smoke
 def test_an_existing_results_file_is_not_overwritten(smoke):
     out, where, _ = smoke
     before = out.read_bytes()
@@ -76,6 +85,7 @@ def test_an_existing_results_file_is_not_overwritten(smoke):
     assert out.read_bytes() == before
 
 
+@shares_smoke
 def test_existing_runs_are_not_overwritten(smoke, tmp_path):
     _, where, _ = smoke
     done = benchmark("--configs", "cpu", "--out", tmp_path / "new.json",

@@ -4,7 +4,8 @@ import json
 import pytest
 import torch
 
-from helpers import SMALL, load_model_state, max_difference, run_python, run_torchrun
+from helpers import (SMALL, load_model_state, max_difference, run_in_process, run_python,
+                     run_torchrun)
 
 CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_time_s",
                  "samples_per_s", "world_size", "device", "backend", "strategy"}
@@ -14,7 +15,13 @@ def read_metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
+# The tests that read this fixture's run go to one pytest-xdist worker (--dist loadgroup), and
+# the fixture lives for the session: pytest ends a module's fixtures whenever the worker
+# turns to another module's test, and the run would be made again.
+shares_ddp_two_by_16 = pytest.mark.xdist_group("ddp_two_by_16")
+
+
+@pytest.fixture(scope="session")
 def ddp_two_by_16(tmp_path_factory):
     """Two processes with 16 images each per step, one epoch, float32, via the launcher."""
     from ddp_scripts.launcher import run_script
@@ -26,8 +33,9 @@ def ddp_two_by_16(tmp_path_factory):
     return out
 
 
+@shares_ddp_two_by_16
 def test_two_processes_equal_one_process_with_twice_the_batch(ddp_two_by_16, tmp_path):
-    single = run_python("train_single.py", *SMALL, "--epochs", "1", "--batch-size", "32",
+    single = run_in_process("train_single.py", *SMALL, "--epochs", "1", "--batch-size", "32",
                         "--device", "cpu", "--out", tmp_path)
     assert single.returncode == 0, single.stderr
     difference = max_difference(load_model_state(ddp_two_by_16), load_model_state(tmp_path))
@@ -41,7 +49,7 @@ def test_two_processes_equal_one_process_with_twice_the_batch(ddp_two_by_16, tmp
 def test_equivalence_in_float64_is_at_rounding_level(tmp_path):
     two = run_torchrun(2, "train_ddp.py", *SMALL, "--epochs", "1", "--batch-size", "16",
                        "--dtype", "float64", "--out", tmp_path / "two")
-    one = run_python("train_single.py", *SMALL, "--epochs", "1", "--batch-size", "32",
+    one = run_in_process("train_single.py", *SMALL, "--epochs", "1", "--batch-size", "32",
                      "--dtype", "float64", "--device", "cpu", "--out", tmp_path / "one")
     assert two.returncode == 0 and one.returncode == 0, two.stderr + one.stderr
     runs = {nproc: load_model_state(tmp_path / name) for nproc, name in ((1, "one"), (2, "two"))}
@@ -49,6 +57,7 @@ def test_equivalence_in_float64_is_at_rounding_level(tmp_path):
     assert max_difference(runs[1], runs[2]) < 1e-12
 
 
+@shares_ddp_two_by_16
 def test_ddp_metrics_and_checkpoint_contract(ddp_two_by_16):
     rows = read_metrics(ddp_two_by_16)
     assert [row["epoch"] for row in rows] == [1]
@@ -68,12 +77,12 @@ def test_ddp_metrics_and_checkpoint_contract(ddp_two_by_16):
 
 def test_single_process_resume_equals_uninterrupted(tmp_path):
     common = [*SMALL, "--epochs", "3", "--device", "cpu", "--batch-size", "32"]
-    straight = run_python("train_single.py", *common, "--out", tmp_path / "straight")
-    first = run_python("train_single.py", *common, "--stop-after-epoch", "1",
+    straight = run_in_process("train_single.py", *common, "--out", tmp_path / "straight")
+    first = run_in_process("train_single.py", *common, "--stop-after-epoch", "1",
                        "--out", tmp_path / "resumed")
     assert straight.returncode == 0 and first.returncode == 0, straight.stderr + first.stderr
     assert read_metrics(tmp_path / "resumed")[-1]["epoch"] == 1
-    second = run_python("train_single.py", *common, "--resume", "--out", tmp_path / "resumed")
+    second = run_in_process("train_single.py", *common, "--resume", "--out", tmp_path / "resumed")
     assert second.returncode == 0, second.stderr
     assert "resuming after epoch 1" in second.stdout
     assert [r["epoch"] for r in read_metrics(tmp_path / "resumed")] == [1, 2, 3]
@@ -85,7 +94,7 @@ def test_single_process_resume_equals_uninterrupted(tmp_path):
 
 
 def test_resume_on_an_empty_directory_starts_fresh(tmp_path):
-    result = run_python("train_single.py", *SMALL, "--epochs", "1", "--resume",
+    result = run_in_process("train_single.py", *SMALL, "--epochs", "1", "--resume",
                         "--device", "cpu", "--out", tmp_path / "new")
     assert result.returncode == 0, result.stderr
     assert "resuming" not in result.stdout
