@@ -5,6 +5,7 @@ between `train_single.py`, `train_dp.py` and `train_ddp.py` are the lessons them
 Nothing here starts processes or talks to other ranks except `reduce_sum`.
 """
 import argparse
+import gc
 import json
 import os
 import platform
@@ -27,7 +28,10 @@ class UsageError(Exception):
 
 
 def run_cli(main):
-    """Call `main()`; turn a UsageError into a one-line message and exit status 2."""
+    """Call `main()`; turn a UsageError into a one-line message and exit status 2.
+
+    Call it last: afterwards the process's objects are frozen for a quick exit (see below).
+    """
     try:
         main()
     except UsageError as error:
@@ -35,6 +39,12 @@ def run_cli(main):
         sys.stderr.write(f"{rank}error: {error}\n")  # one write: see say()
         sys.stderr.flush()
         sys.exit(2)
+    finally:
+        # The run is over and its files are written and closed. On its way out Python would
+        # now garbage-collect the 300,000 objects that importing torch created, again and
+        # again (about 1.5 s per process on a small CPU, paid by every rank); freezing them
+        # skips that, and the operating system frees the memory as the process ends.
+        gc.freeze()
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Small helpers shared by the tests: run a companion script, compare two checkpoints."""
 import contextlib
+import gc
 import io
 import os
 import runpy
@@ -54,6 +55,7 @@ def run_in_process(script, *args):
     finally:
         sys.argv, sys.path[:] = saved[0], saved[1]
         torch.set_num_threads(saved[2])
+        gc.unfreeze()  # run_cli froze this process's objects for an exit that is not coming
     return subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
 
 

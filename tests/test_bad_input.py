@@ -7,7 +7,8 @@ train_ddp.py outside torchrun, run as processes of their own, as a shell would s
 import pytest
 import torch
 
-from helpers import SMALL, run_in_process, run_python, run_torchrun
+from ddp_scripts.launcher import LaunchError, run_script
+from helpers import SMALL, run_in_process, run_python
 
 
 def assert_one_line_error(result, *fragments):
@@ -92,10 +93,16 @@ def test_ddp_script_outside_torchrun(tmp_path):
     assert_one_line_error(result, "start this script with torchrun")
 
 
-def test_ddp_bad_input_is_one_line_per_rank(tmp_path):
-    result = run_torchrun(2, "train_ddp.py", *SMALL, "--batch-size", "0", "--out", tmp_path)
-    assert result.returncode != 0
-    ours = [line for line in result.stderr.splitlines() if "error: --batch-size" in line]
-    assert sorted(ours) == ["[rank 0] error: --batch-size must be at least 1, got 0",
-                            "[rank 1] error: --batch-size must be at least 1, got 0"]
-    assert "common.UsageError" not in result.stderr  # no traceback of ours in the summary
+def test_ddp_bad_input_is_one_line_per_rank_and_the_launcher_names_the_rank(tmp_path):
+    lines = []
+    with pytest.raises(LaunchError) as caught:
+        run_script("train_ddp.py", nproc=2, out=tmp_path, dataset="synthetic", batch_size=0,
+                   timeout=240, progress=False, echo=lines.append)
+    ours = sorted(line for line in lines if "error: --batch-size" in line)
+    assert ours == ["[rank 0] error: --batch-size must be at least 1, got 0",
+                    "[rank 1] error: --batch-size must be at least 1, got 0"]
+    assert not any("common.UsageError" in line for line in lines)  # no traceback of ours
+    error = caught.value  # what the notebook sees: which rank failed, how, and why
+    assert error.rank in (0, 1) and error.exit_code == 2
+    assert "--batch-size must be at least 1" in str(error)
+    assert f"rank {error.rank} failed with exit code 2" in str(error)

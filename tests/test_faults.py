@@ -196,7 +196,9 @@ def test_rank_that_skips_a_collective_fails_within_the_timeout():
     with ProcessWatcher() as watcher, pytest.raises(LaunchError) as caught:
         run_command(torchrun_command(COLLECTIVE_DEMO, 2, ["--timeout-s", "3"]), timeout=300,
                     echo=lambda line: arrivals.append((time.monotonic(), line)))
-    assert "Timed out" in str(caught.value), str(caught.value)
+    # The rank that gives up last may see its partner's connection close instead of its own
+    # timeout, and torchrun may name either rank: the timeout must be in the output.
+    assert not isinstance(caught.value, LaunchTimeout) and caught.value.exit_code == 1
     joined = [t for t, line in arrivals if "joined the group" in line]
     failed = [t for t, line in arrivals if "Timed out" in line]
     assert len(joined) == 2 and failed, "\n".join(line for _, line in arrivals)
@@ -211,7 +213,7 @@ def test_launcher_timeout_ends_a_hung_run():
     """A collective that would wait 600 s: the launcher's own timeout ends it first."""
     start = time.monotonic()
     with ProcessWatcher() as watcher, pytest.raises(LaunchTimeout):
-        run_command(torchrun_command(COLLECTIVE_DEMO, 2, ["--timeout-s", "600"]), timeout=20,
+        run_command(torchrun_command(COLLECTIVE_DEMO, 2, ["--timeout-s", "600"]), timeout=15,
                     echo=lambda line: None)
     assert time.monotonic() - start < 60
     assert len(watcher.workers(COLLECTIVE_DEMO)) == 2  # the workers had started

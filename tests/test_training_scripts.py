@@ -4,8 +4,7 @@ import json
 import pytest
 import torch
 
-from helpers import (SMALL, load_model_state, max_difference, run_in_process, run_python,
-                     run_torchrun)
+from helpers import SMALL, load_model_state, max_difference, run_in_process, run_torchrun
 
 CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_time_s",
                  "samples_per_s", "world_size", "device", "backend", "strategy"}
@@ -111,12 +110,15 @@ def test_synthetic_data_is_learnable_and_deterministic():
     assert not torch.equal(x1[:64], xt1)  # the test split holds other images
 
 
-def test_cifar10_falls_back_to_synthetic_with_an_announcement(tmp_path):
-    result = run_python("train_single.py", "--dataset", "cifar10", "--data-dir", tmp_path / "none",
-                        "--train-samples", "256", "--test-samples", "64", "--epochs", "1",
-                        "--device", "cpu", "--out", tmp_path / "run", timeout=300,
-                        env={"PATH": "/usr/bin:/bin", "https_proxy": "http://127.0.0.1:9",
-                             "http_proxy": "http://127.0.0.1:9"})
+def test_cifar10_falls_back_to_synthetic_with_an_announcement(tmp_path, monkeypatch):
+    for name in ("no_proxy", "NO_PROXY"):  # the download must go through the dead proxy
+        monkeypatch.delenv(name, raising=False)
+    for name in ("http_proxy", "https_proxy"):  # a port where nothing listens: no internet
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    result = run_in_process("train_single.py", "--dataset", "cifar10",
+                            "--data-dir", tmp_path / "none", "--train-samples", "256",
+                            "--test-samples", "64", "--epochs", "1", "--device", "cpu",
+                            "--out", tmp_path / "run")
     assert result.returncode == 0, result.stderr
     assert "CIFAR-10 could not be loaded" in result.stdout
     assert "using the synthetic CIFAR-shaped data set instead" in result.stdout
