@@ -2,10 +2,14 @@
 
     python book/tools/overhead_benchmark.py --out results/overhead/<machine>.json
 
-1. Training speed: samples/s of a bare loop (the same CNN, batch, tensors and shuffle, no
-   DataLoader, no logging) against train_single.py and train_ddp.py with one process. Each
-   trains two epochs and the second is timed: the first pays for warm-up (oneDNN picks its
-   kernels, the allocator grows) in every process alike.
+1. Training speed, at each batch size asked for: the samples/s of
+   - a bare loop: the same CNN, batch, tensors and shuffle; no DataLoader, no logging;
+   - the same bare loop with the model wrapped in DistributedDataParallel (one process, gloo):
+     what DDP itself costs, before any script;
+   - train_single.py, and train_ddp.py with one process under torchrun.
+   Each trains --epochs epochs; the first pays for warm-up (oneDNN picks its kernels, the
+   allocator grows) and is left out, and the median of the others is kept. Within a repeat
+   the four run one after the other, so a slow minute on a shared machine hits them all.
 2. Start-up: from the launcher's call to the first epoch logged, two processes on the CPU,
    against a bare torchrun start of two ranks that only join the process group and leave.
 Each measurement is repeated and the median kept; the file records the hardware.
@@ -22,11 +26,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from ddp_scripts.common import (build_model, describe_hardware, synthetic_cifar,  # noqa: E402
                                 UsageError, run_cli)
-from ddp_scripts.launcher import run_command, run_script, torchrun_command  # noqa: E402
+from ddp_scripts.launcher import (free_port, run_command, run_script,  # noqa: E402
+                                  torchrun_command)
 
 JOIN_ONLY = """
 import torch.distributed as dist
@@ -35,14 +42,17 @@ dist.destroy_process_group()
 """
 
 
-def bare_loop_samples_per_s(samples, batch_size, threads, seed=0):
+def bare_loop_samples_per_s(samples, batch_size, threads, epochs, wrap_in_ddp=False, seed=0):
     """The floor: the same work as the scripts' training, written as plainly as possible."""
     torch.set_num_threads(threads)
     (images, labels), _ = synthetic_cifar(samples, 16)
     model = build_model("cnn", seed)
+    if wrap_in_ddp:  # needs the one-process group that main() starts
+        model = DDP(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model.train()
-    for epoch in (1, 2):  # the second epoch is timed, as for the scripts
+    speeds = []
+    for epoch in range(1, epochs + 1):
         order = torch.randperm(samples, generator=torch.Generator().manual_seed(seed + epoch))
         start = time.perf_counter()
         for i in range(0, samples, batch_size):
@@ -50,16 +60,16 @@ def bare_loop_samples_per_s(samples, batch_size, threads, seed=0):
             optimizer.zero_grad(set_to_none=True)
             F.cross_entropy(model(images[index]), labels[index]).backward()
             optimizer.step()
-        elapsed = time.perf_counter() - start
-    return samples / elapsed
+        speeds.append(samples / (time.perf_counter() - start))
+    return statistics.median(speeds[1:])  # the first epoch warms up
 
 
-def script_samples_per_s(script, samples, batch_size, threads, work):
+def script_samples_per_s(script, samples, batch_size, threads, epochs, work):
     out = Path(tempfile.mkdtemp(dir=work))
     frame = run_script(script, nproc=1, out=out, dataset="synthetic", train_samples=samples,
-                       test_samples=16, epochs=2, batch_size=batch_size, threads=threads,
+                       test_samples=16, epochs=epochs, batch_size=batch_size, threads=threads,
                        progress=False, echo=lambda line: None)
-    return float(frame["samples_per_s"].iloc[-1])
+    return float(frame["samples_per_s"].iloc[1:].median())  # the first epoch warms up
 
 
 def launcher_to_first_epoch_s(work):
@@ -85,47 +95,74 @@ def bare_torchrun_join_s(work):
     return time.perf_counter() - start
 
 
-def median_of(repeats, measure, *args):
-    values = [measure(*args) for _ in range(repeats)]
+def median_of(values):
     return {"median": statistics.median(values), "values": values}
+
+
+def training_speeds(samples, batch_size, threads, epochs, repeats, work):
+    """samples/s of the four trainings, repeat after repeat, each repeat running all four."""
+    runs = {
+        "bare_loop": lambda: bare_loop_samples_per_s(samples, batch_size, threads, epochs),
+        "bare_loop_in_ddp": lambda: bare_loop_samples_per_s(samples, batch_size, threads,
+                                                            epochs, wrap_in_ddp=True),
+        "train_single": lambda: script_samples_per_s("train_single.py", samples, batch_size,
+                                                     threads, epochs, work),
+        "train_ddp_1_process": lambda: script_samples_per_s("train_ddp.py", samples,
+                                                            batch_size, threads, epochs, work),
+    }
+    values = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            values[name].append(run())
+    speeds = {name: median_of(v) for name, v in values.items()}
+    bare = speeds["bare_loop"]["median"]
+    return {"samples_per_s": speeds,
+            "ratio_to_bare_loop": {name: v["median"] / bare for name, v in speeds.items()}}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="results file (JSON) to write")
     parser.add_argument("--samples", type=int, default=8192)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-sizes", default="32,128",
+                        help="comma-separated batch sizes to measure the speed at")
+    parser.add_argument("--epochs", type=int, default=4, help="per run; the first is left out")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args()
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
+    try:
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        raise UsageError(f"--batch-sizes takes numbers like 32,128, got {args.batch_sizes!r}")
+    if args.epochs < 2 or args.repeats < 1 or min(batch_sizes) < 1:
+        raise UsageError("--epochs must be at least 2 (the first is left out), --repeats and "
+                         "each batch size at least 1")
     threads = torch.get_num_threads()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
+                            rank=0, world_size=1)  # for the bare loop wrapped in DDP
     with tempfile.TemporaryDirectory() as work:
-        speed = {
-            "bare_loop": median_of(args.repeats, bare_loop_samples_per_s, args.samples,
-                                   args.batch_size, threads),
-            "train_single": median_of(args.repeats, script_samples_per_s, "train_single.py",
-                                      args.samples, args.batch_size, threads, work),
-            "train_ddp_1_process": median_of(args.repeats, script_samples_per_s,
-                                             "train_ddp.py", args.samples, args.batch_size,
-                                             threads, work),
-        }
-        startup = {"launcher_to_first_epoch_s": median_of(args.repeats,
-                                                          launcher_to_first_epoch_s, work),
-                   "bare_torchrun_join_s": median_of(args.repeats, bare_torchrun_join_s, work)}
-    bare = speed["bare_loop"]["median"]
+        speed = {str(batch): training_speeds(args.samples, batch, threads, args.epochs,
+                                             args.repeats, work) for batch in batch_sizes}
+        startup = {
+            "launcher_to_first_epoch_s": median_of(
+                [launcher_to_first_epoch_s(work) for _ in range(args.repeats)]),
+            "bare_torchrun_join_s": median_of(
+                [bare_torchrun_join_s(work) for _ in range(args.repeats)])}
+    dist.destroy_process_group()
     result = {"what": "overhead of the companion scripts and launcher against bare PyTorch",
-              "samples": args.samples, "batch_size": args.batch_size, "threads": threads,
-              "samples_per_s": speed, "startup": startup,
-              "ratio_to_bare_loop": {name: value["median"] / bare for name, value in speed.items()},
-              "hardware": describe_hardware(torch.device("cpu"))}
+              "samples": args.samples, "epochs": args.epochs, "timed_epochs": args.epochs - 1,
+              "repeats": args.repeats, "threads": threads, "by_batch_size": speed,
+              "startup": startup, "hardware": describe_hardware(torch.device("cpu"))}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({"ratio_to_bare_loop": result["ratio_to_bare_loop"],
-                      "startup_medians_s": {k: v["median"] for k, v in startup.items()}},
-                     indent=1))
+    print(json.dumps({"ratio_to_bare_loop": {batch: {name: round(ratio, 3) for name, ratio
+                                                     in value["ratio_to_bare_loop"].items()}
+                                             for batch, value in speed.items()},
+                      "startup_medians_s": {k: round(v["median"], 2)
+                                            for k, v in startup.items()}}, indent=1))
 
 
 if __name__ == "__main__":
