@@ -30,7 +30,8 @@ def test_cuda_without_a_gpu(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_data_parallel_without_a_gpu(tmp_path):
-    result = run_in_process("train_single.py", *SMALL, "--data-parallel", "--out", tmp_path / "run")
+    result = run_in_process("train_single.py", *SMALL, "--data-parallel",
+                            "--out", tmp_path / "run")
     assert_one_line_error(result, "--data-parallel needs CUDA GPUs")
 
 
@@ -52,7 +53,7 @@ def test_more_processes_than_gpus_with_nccl(monkeypatch):
 ])
 def test_numbers_that_cannot_work(tmp_path, option, value, fragment):
     result = run_in_process("train_single.py", *SMALL, "--device", "cpu", option, value,
-                        "--out", tmp_path / "run")
+                            "--out", tmp_path / "run")
     assert_one_line_error(result, fragment)
 
 
@@ -71,20 +72,20 @@ def test_an_existing_run_is_never_overwritten_silently(tmp_path):
 def test_unreadable_checkpoint(tmp_path):
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint at all")
     result = run_in_process("train_single.py", *SMALL, "--device", "cpu", "--resume",
-                        "--out", tmp_path)
+                            "--out", tmp_path)
     assert_one_line_error(result, "cannot read checkpoint")
 
 
 def test_foreign_checkpoints(tmp_path):
     torch.save({"weights": torch.zeros(3)}, tmp_path / "checkpoint.pt")
     result = run_in_process("train_single.py", *SMALL, "--device", "cpu", "--resume",
-                        "--out", tmp_path)
+                            "--out", tmp_path)
     assert_one_line_error(result, "is not a checkpoint of these scripts")
     other = tmp_path / "other"
     assert run_in_process("train_single.py", *SMALL, "--epochs", "1", "--device", "cpu",
-                      "--out", other).returncode == 0
+                          "--out", other).returncode == 0
     result = run_in_process("train_single.py", *SMALL, "--device", "cpu", "--resume",
-                        "--dtype", "float64", "--out", other)
+                            "--dtype", "float64", "--out", other)
     assert_one_line_error(result, "belongs to another run")
 
 

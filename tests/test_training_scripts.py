@@ -35,7 +35,7 @@ def ddp_two_by_16(tmp_path_factory):
 @shares_ddp_two_by_16
 def test_two_processes_equal_one_process_with_twice_the_batch(ddp_two_by_16, tmp_path):
     single = run_in_process("train_single.py", *SMALL, "--epochs", "1", "--batch-size", "32",
-                        "--device", "cpu", "--out", tmp_path)
+                            "--device", "cpu", "--out", tmp_path)
     assert single.returncode == 0, single.stderr
     difference = max_difference(load_model_state(ddp_two_by_16), load_model_state(tmp_path))
     assert difference < 1e-5, f"parameters differ by {difference}"
@@ -49,7 +49,7 @@ def test_equivalence_in_float64_is_at_rounding_level(tmp_path):
     two = run_torchrun(2, "train_ddp.py", *SMALL, "--epochs", "1", "--batch-size", "16",
                        "--dtype", "float64", "--out", tmp_path / "two")
     one = run_in_process("train_single.py", *SMALL, "--epochs", "1", "--batch-size", "32",
-                     "--dtype", "float64", "--device", "cpu", "--out", tmp_path / "one")
+                         "--dtype", "float64", "--device", "cpu", "--out", tmp_path / "one")
     assert two.returncode == 0 and one.returncode == 0, two.stderr + one.stderr
     runs = {nproc: load_model_state(tmp_path / name) for nproc, name in ((1, "one"), (2, "two"))}
     assert runs[1]["fc3.weight"].dtype == torch.float64
@@ -78,7 +78,7 @@ def test_single_process_resume_equals_uninterrupted(tmp_path):
     common = [*SMALL, "--epochs", "3", "--device", "cpu", "--batch-size", "32"]
     straight = run_in_process("train_single.py", *common, "--out", tmp_path / "straight")
     first = run_in_process("train_single.py", *common, "--stop-after-epoch", "1",
-                       "--out", tmp_path / "resumed")
+                           "--out", tmp_path / "resumed")
     assert straight.returncode == 0 and first.returncode == 0, straight.stderr + first.stderr
     assert read_metrics(tmp_path / "resumed")[-1]["epoch"] == 1
     second = run_in_process("train_single.py", *common, "--resume", "--out", tmp_path / "resumed")
@@ -94,7 +94,7 @@ def test_single_process_resume_equals_uninterrupted(tmp_path):
 
 def test_resume_on_an_empty_directory_starts_fresh(tmp_path):
     result = run_in_process("train_single.py", *SMALL, "--epochs", "1", "--resume",
-                        "--device", "cpu", "--out", tmp_path / "new")
+                            "--device", "cpu", "--out", tmp_path / "new")
     assert result.returncode == 0, result.stderr
     assert "resuming" not in result.stdout
     assert [r["epoch"] for r in read_metrics(tmp_path / "new")] == [1]
@@ -116,9 +116,9 @@ def test_cifar10_falls_back_to_synthetic_with_an_announcement(tmp_path, monkeypa
     for name in ("http_proxy", "https_proxy"):  # a port where nothing listens: no internet
         monkeypatch.setenv(name, "http://127.0.0.1:9")
     result = run_in_process("train_single.py", "--dataset", "cifar10",
-                            "--data-dir", tmp_path / "none", "--train-samples", "256",
-                            "--test-samples", "64", "--epochs", "1", "--device", "cpu",
-                            "--out", tmp_path / "run")
+                                "--data-dir", tmp_path / "none", "--train-samples", "256",
+                                "--test-samples", "64", "--epochs", "1", "--device", "cpu",
+                                "--out", tmp_path / "run")
     assert result.returncode == 0, result.stderr
     assert "CIFAR-10 could not be loaded" in result.stdout
     assert "using the synthetic CIFAR-shaped data set instead" in result.stdout

@@ -7,9 +7,11 @@
    - the same bare loop with the model wrapped in DistributedDataParallel (one process, gloo):
      what DDP itself costs, before any script;
    - train_single.py, and train_ddp.py with one process under torchrun.
-   Each trains --epochs epochs; the first pays for warm-up (oneDNN picks its kernels, the
-   allocator grows) and is left out, and the median of the others is kept. Within a repeat
-   the four run one after the other, so a slow minute on a shared machine hits them all.
+   Each runs in a new process of its own, as the scripts do (a long-lived process that has
+   run many trainings is not a fair floor), and trains --epochs epochs; the first pays for
+   warm-up (oneDNN picks its kernels, the allocator grows) and is left out, and the median
+   of the others is kept. Within a repeat the four run one after the other, so a slow
+   minute on a shared machine hits them all.
 2. Start-up: from the launcher's call to the first epoch logged, two processes on the CPU,
    against a bare torchrun start of two ranks that only join the process group and leave.
 Each measurement is repeated and the median kept; the file records the hardware.
@@ -47,7 +49,9 @@ def bare_loop_samples_per_s(samples, batch_size, threads, epochs, wrap_in_ddp=Fa
     torch.set_num_threads(threads)
     (images, labels), _ = synthetic_cifar(samples, 16)
     model = build_model("cnn", seed)
-    if wrap_in_ddp:  # needs the one-process group that main() starts
+    if wrap_in_ddp:  # one process, gloo: what the wrapper costs by itself
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
+                                rank=0, world_size=1)
         model = DDP(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model.train()
@@ -61,7 +65,16 @@ def bare_loop_samples_per_s(samples, batch_size, threads, epochs, wrap_in_ddp=Fa
             F.cross_entropy(model(images[index]), labels[index]).backward()
             optimizer.step()
         speeds.append(samples / (time.perf_counter() - start))
+    if wrap_in_ddp:
+        dist.destroy_process_group()
     return statistics.median(speeds[1:])  # the first epoch warms up
+
+
+def bare_loop_in_a_new_process(samples, batch_size, threads, epochs, wrap_in_ddp=False):
+    command = [sys.executable, __file__, "--bare-loop", "--out", "-", "--samples", str(samples),
+               "--batch-sizes", str(batch_size), "--threads", str(threads),
+               "--epochs", str(epochs), *(["--ddp"] if wrap_in_ddp else [])]
+    return float(run_command(command, timeout=600, echo=lambda line: None)[-1])
 
 
 def script_samples_per_s(script, samples, batch_size, threads, epochs, work):
@@ -102,9 +115,9 @@ def median_of(values):
 def training_speeds(samples, batch_size, threads, epochs, repeats, work):
     """samples/s of the four trainings, repeat after repeat, each repeat running all four."""
     runs = {
-        "bare_loop": lambda: bare_loop_samples_per_s(samples, batch_size, threads, epochs),
-        "bare_loop_in_ddp": lambda: bare_loop_samples_per_s(samples, batch_size, threads,
-                                                            epochs, wrap_in_ddp=True),
+        "bare_loop": lambda: bare_loop_in_a_new_process(samples, batch_size, threads, epochs),
+        "bare_loop_in_ddp": lambda: bare_loop_in_a_new_process(samples, batch_size, threads,
+                                                               epochs, wrap_in_ddp=True),
         "train_single": lambda: script_samples_per_s("train_single.py", samples, batch_size,
                                                      threads, epochs, work),
         "train_ddp_1_process": lambda: script_samples_per_s("train_ddp.py", samples,
@@ -129,7 +142,16 @@ def main():
     parser.add_argument("--epochs", type=int, default=4, help="per run; the first is left out")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="torch CPU threads of every training (default: all cores)")
+    # One bare loop in this process, its samples/s printed: how the main run measures it.
+    parser.add_argument("--bare-loop", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ddp", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.bare_loop:
+        print(bare_loop_samples_per_s(args.samples, int(args.batch_sizes), args.threads,
+                                      args.epochs, wrap_in_ddp=args.ddp))
+        return
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
@@ -140,9 +162,7 @@ def main():
     if args.epochs < 2 or args.repeats < 1 or min(batch_sizes) < 1:
         raise UsageError("--epochs must be at least 2 (the first is left out), --repeats and "
                          "each batch size at least 1")
-    threads = torch.get_num_threads()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
-                            rank=0, world_size=1)  # for the bare loop wrapped in DDP
+    threads = args.threads
     with tempfile.TemporaryDirectory() as work:
         speed = {str(batch): training_speeds(args.samples, batch, threads, args.epochs,
                                              args.repeats, work) for batch in batch_sizes}
@@ -151,7 +171,6 @@ def main():
                 [launcher_to_first_epoch_s(work) for _ in range(args.repeats)]),
             "bare_torchrun_join_s": median_of(
                 [bare_torchrun_join_s(work) for _ in range(args.repeats)])}
-    dist.destroy_process_group()
     result = {"what": "overhead of the companion scripts and launcher against bare PyTorch",
               "samples": args.samples, "epochs": args.epochs, "timed_epochs": args.epochs - 1,
               "repeats": args.repeats, "threads": threads, "by_batch_size": speed,
