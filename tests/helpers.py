@@ -2,7 +2,6 @@
 import contextlib
 import gc
 import io
-import os
 import runpy
 import subprocess
 import sys
@@ -17,10 +16,10 @@ SCRIPTS = ROOT / "ddp_scripts"
 SMALL = ["--dataset", "synthetic", "--train-samples", "512", "--test-samples", "128"]
 
 
-def run_python(script, *args, timeout=180, env=None):
+def run_python(script, *args, timeout=180):
     """Run ddp_scripts/<script> as one process; returns the CompletedProcess (text)."""
     return subprocess.run([sys.executable, str(SCRIPTS / script), *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def run_in_process(script, *args):
@@ -57,14 +56,6 @@ def run_in_process(script, *args):
         torch.set_num_threads(saved[2])
         gc.unfreeze()  # run_cli froze this process's objects for an exit that is not coming
     return subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
-
-
-def run_torchrun(nproc, script, *args, timeout=240, torchrun_args=()):
-    """Run ddp_scripts/<script> under torchrun on a free port; returns the CompletedProcess."""
-    from ddp_scripts.launcher import torchrun_command
-    command = torchrun_command(script, nproc, list(map(str, args)), torchrun_args=torchrun_args)
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def load_model_state(out):
