@@ -60,8 +60,10 @@ class ProcessWatcher:
         me = psutil.Process()
         while not self._stop.is_set():
             for proc in me.children(recursive=True):
-                try:
-                    self.seen.setdefault((proc.pid, proc.create_time()), " ".join(proc.cmdline()))
+                try:  # the latest command line: a child just forked still shows its parent's
+                    command = " ".join(proc.cmdline())
+                    if command:
+                        self.seen[(proc.pid, proc.create_time())] = command
                 except psutil.Error:
                     pass
             time.sleep(0.05)
@@ -213,7 +215,7 @@ def test_launcher_timeout_ends_a_hung_run():
     """A collective that would wait 600 s: the launcher's own timeout ends it first."""
     start = time.monotonic()
     with ProcessWatcher() as watcher, pytest.raises(LaunchTimeout):
-        run_command(torchrun_command(COLLECTIVE_DEMO, 2, ["--timeout-s", "600"]), timeout=15,
+        run_command(torchrun_command(COLLECTIVE_DEMO, 2, ["--timeout-s", "600"]), timeout=20,
                     echo=lambda line: None)
     assert time.monotonic() - start < 60
     assert len(watcher.workers(COLLECTIVE_DEMO)) == 2  # the workers had started
