@@ -24,21 +24,18 @@ import argparse
 import datetime
 import json
 import os
-import platform
-import re
 import shlex
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-if __package__:  # imported from a notebook: `from ddp_scripts.benchmark import load_results`
-    from .common import UsageError, describe_hardware, run_cli, write_atomically
-    from .launcher import LaunchError, as_cli, read_metrics, run_command, torchrun_command
-else:            # run as a script: python ddp_scripts/benchmark.py
-    from common import UsageError, describe_hardware, run_cli, write_atomically
-    from launcher import LaunchError, as_cli, read_metrics, run_command, torchrun_command
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from ddp_scripts.common import UsageError, cifar10_tensors, run_cli, write_atomically
+from ddp_scripts.hardware import describe_hardware
+from ddp_scripts.launcher import LaunchError, as_cli, read_metrics, run_command, torchrun_command
+from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY
 
 SCRIPTS = Path(__file__).resolve().parent
 ROOT = SCRIPTS.parent
@@ -53,101 +50,6 @@ SIZES = {
     "full": {"dataset": "cifar10", "train_samples": None, "test_samples": None,
              "epochs": 5, "batch_size": 64, "model": "cnn", "timeout_s": 7200},
 }
-
-
-# ---------------------------------------------------------------------------------------
-# The machine: what every number in the results file was measured on
-# ---------------------------------------------------------------------------------------
-def describe_machine():
-    import torch
-    gpus = []
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            props = torch.cuda.get_device_properties(i)
-            gpus.append({"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1)})
-    try:
-        usable_cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        usable_cores = os.cpu_count()
-    try:
-        import psutil
-        physical_cores = psutil.cpu_count(logical=False)
-    except ImportError:
-        physical_cores = None
-    cpu_model = describe_hardware(torch.device("cpu"))["processor"]
-    machine = {
-        "cpu": {"model": cpu_model, "logical_cores": os.cpu_count(),
-                "physical_cores": physical_cores, "usable_cores": usable_cores},
-        "gpus": gpus, "gpu_count": len(gpus),
-        "interconnect": gpu_interconnect(len(gpus)),
-        "driver": _nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"]),
-        "torch": torch.__version__, "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "nccl": _nccl_version() if gpus else None,
-        "python": platform.python_version(), "platform": platform.platform(),
-    }
-    machine["label"] = hardware_label(machine)
-    return machine
-
-
-def _nccl_version():
-    try:
-        import torch
-        version = torch.cuda.nccl.version()
-    except Exception:  # a build of torch without NCCL
-        return None
-    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
-
-
-def hardware_label(machine):
-    """One line naming the hardware, e.g. '2 x NVIDIA TITAN Xp (NV2); Intel Xeon, 16 cores'."""
-    cpu = machine["cpu"]
-    cores = f"{cpu['usable_cores']} core{'s' if cpu['usable_cores'] != 1 else ''}"
-    names = [gpu["name"] for gpu in machine["gpus"]]
-    if not names:
-        return f"{cpu['model']}, {cores}, no GPU"
-    gpus = (f"{len(names)} x {names[0]}" if len(set(names)) == 1 else " + ".join(names))
-    links = sorted(set(machine["interconnect"].get("links", {}).values()))
-    if links:
-        gpus += f" ({'/'.join(links)})"
-    return f"{gpus}; {cpu['model']}, {cores}"
-
-
-def gpu_interconnect(gpu_count):
-    """`nvidia-smi topo -m` as text, and the link between each pair of GPUs (NV#, PIX, SYS...)."""
-    if gpu_count == 0:
-        return {"topology": None, "links": {}, "note": "no GPU visible"}
-    text = _nvidia_smi(["topo", "-m"])
-    if text is None:
-        return {"topology": None, "links": {},
-                "note": "nvidia-smi is not available here, so the links are unknown"}
-    return {"topology": text, "links": parse_topology(text), "note": None}
-
-
-def parse_topology(text):
-    """{"GPU0-GPU1": "NV4", ...} from the matrix `nvidia-smi topo -m` prints."""
-    rows = [line.split() for line in text.splitlines() if line.strip()]
-    if not rows:
-        return {}
-    gpus = [column for column in rows[0] if re.fullmatch(r"GPU\d+", column)]  # the header
-    links = {}
-    for row in rows[1:]:
-        if row[0] in gpus:
-            for column, link in zip(gpus, row[1:1 + len(gpus)]):
-                if gpus.index(column) > gpus.index(row[0]):  # each pair once
-                    links[f"{row[0]}-{column}"] = link
-    return links
-
-
-def _nvidia_smi(arguments):
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        done = subprocess.run(["nvidia-smi", *arguments], capture_output=True, text=True,
-                              timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -167,17 +69,17 @@ def plan_runs(configs, settings, gpu_count, runs_dir, cpu_processes=2, gpu_names
                "global_batch_size": global_batch}
         if config == "cpu":
             run.update(description="one process on the CPU, all cores", script="train_single.py",
-                       processes=1, device="cpu", options={"device": "cpu"})
+                       processes=1, torchrun=False, device="cpu", options={"device": "cpu"})
         elif config == "gpu":
             run.update(description="one process, one GPU", script="train_single.py",
-                       processes=1, device="cuda", options={"device": "cuda"})
+                       processes=1, torchrun=False, device="cuda", options={"device": "cuda"})
             if gpu_count == 0:
                 run["skip"] = ("no CUDA GPU is visible on this machine "
                                "(torch.cuda.is_available() is False)")
         elif config == "dp":
             run.update(description="DataParallel: one process, every visible GPU",
-                       script="train_single.py", processes=1, device="cuda",
-                       options={"device": "cuda", "data_parallel": True})
+                       script="train_dp.py", processes=1, torchrun=False, device="cuda",
+                       options={"device": "cuda"})
             if gpu_count == 0:
                 run["skip"] = "no CUDA GPU is visible, and DataParallel needs CUDA GPUs"
             elif gpu_count == 1:
@@ -185,16 +87,26 @@ def plan_runs(configs, settings, gpu_count, runs_dir, cpu_processes=2, gpu_names
                                "or more to split a batch over")
         elif config == "ddp":
             if gpu_count >= 2:
-                processes, device, backend = gpu_count, "cuda", "nccl"
+                # One process per GPU, as many GPUs as the global batch splits over evenly:
+                # on 3 GPUs a batch of 64 runs on 2 (the same global batch for every row).
+                processes = max(n for n in range(1, gpu_count + 1) if global_batch % n == 0)
+                device, backend = "cuda", "nccl"
                 what = f"DDP: {processes} processes, one GPU each (nccl)"
+                if processes < gpu_count:
+                    what += (f", on {processes} of the {gpu_count} GPUs: the global batch of "
+                             f"{global_batch} does not split evenly over {gpu_count}")
             else:
                 processes, device, backend = cpu_processes, "cpu", "gloo"
                 what = f"DDP: {processes} processes sharing the CPU cores (gloo)"
             run.update(description=what, script="train_ddp.py", processes=processes,
-                       device=device, backend=backend, options={"device": device})
+                       torchrun=True, device=device, backend=backend, options={"device": device})
             if gpu_count == 1:
                 run["skip"] = (f"only one GPU is visible ({first_gpu}); DDP over GPUs needs two "
                                "or more (one process per GPU)")
+            elif processes < 2:
+                run["skip"] = (f"the global batch of {global_batch} does not split evenly over "
+                               f"2 or more of the {max(gpu_count, processes)} processes: pass a "
+                               "--batch-size that does")
             elif global_batch % processes:
                 run["skip"] = (f"the global batch of {global_batch} does not split evenly over "
                                f"{processes} processes: pass a --batch-size that is a multiple "
@@ -208,10 +120,10 @@ def plan_runs(configs, settings, gpu_count, runs_dir, cpu_processes=2, gpu_names
 
 
 def command_for(run, overwrite=False):
-    """The argv that runs `run`: the script itself, or torchrun for DDP (via the launcher)."""
+    """The argv that runs `run`: the script itself, or under torchrun as the plan says."""
     args = as_cli({**run["options"], "out": run["out"], "overwrite": overwrite})
-    if run["script"] == "train_ddp.py":
-        return torchrun_command("train_ddp.py", run["processes"], args)
+    if run["torchrun"]:
+        return torchrun_command(run["script"], run["processes"], args)
     return [sys.executable, str(SCRIPTS / run["script"]), *args]
 
 
@@ -220,7 +132,7 @@ def readable(command):
     words = list(command)
     if words[1:3] == ["-m", "torch.distributed.run"]:
         words = ["torchrun", *words[3:]]
-        for flag in ("--master-addr", "--master-port", "--nnodes"):  # the launcher's details
+        for flag in ("--master-addr", "--master-port", "--nnodes", "--log-dir"):  # the launcher's details
             if flag in words:
                 i = words.index(flag)
                 del words[i:i + 2]
@@ -250,7 +162,7 @@ def measure(run, overwrite, timeout_s, echo=print):
     started = time.perf_counter()
     run_command(command, timeout=timeout_s, progress=False, echo=echo)
     run["wall_s"] = time.perf_counter() - started  # process start to exit, as a stopwatch sees it
-    summary = json.loads((Path(run["out"]) / "run.json").read_text())
+    summary = json.loads((Path(run["out"]) / SUMMARY).read_text())
     metrics = read_metrics(run["out"])
     epoch_times = metrics["epoch_time_s"].tolist()
     warmup = 1 if len(epoch_times) > 1 else 0  # the first epoch pays for one-off costs
@@ -276,10 +188,6 @@ def prepare_data(settings, echo=print):
     of the full size for every run (announced), rather than let each run try and fail."""
     if settings["dataset"] != "cifar10":
         return None
-    if __package__:
-        from .common import cifar10_tensors
-    else:
-        from common import cifar10_tensors
     try:
         cifar10_tensors(settings["data_dir"], download=True)
         return None
@@ -296,7 +204,7 @@ def prepare_data(settings, echo=print):
 def run_benchmark(configs, settings, out, runs_dir, overwrite=False, cpu_processes=2,
                   echo=print):
     """Plan, run each configuration in turn, write the results file. Returns the results."""
-    machine = describe_machine()
+    machine = describe_hardware()
     echo(f"[benchmark] hardware: {machine['label']}")
     preset = SIZES[settings["size"]]
     changed = {k: v for k, v in settings.items() if k in preset and v != preset[k]}
@@ -468,7 +376,7 @@ def main():
                          "or choose another --out")
     runs_dir = Path(args.runs_dir or ROOT / "runs" / "benchmark" / out.stem)
     if not args.overwrite:  # checked before anything runs: no run replaces another's logs
-        logs = ("metrics.jsonl", "checkpoint.pt")
+        logs = (METRICS, CHECKPOINT)
         held = [runs_dir / c for c in configs if any((runs_dir / c / f).exists() for f in logs)]
         if held:
             raise UsageError(f"{held[0]} already holds a run; pass --overwrite to replace it, "

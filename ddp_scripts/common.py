@@ -1,14 +1,14 @@
-"""Shared plumbing for the companion scripts: model, data, device, logging, checkpoints.
+"""Shared plumbing for the companion scripts: options, device, data, model, evaluation, files.
 
-Every training script in this folder imports this module, so the lines that differ
-between `train_single.py`, `train_dp.py` and `train_ddp.py` are the lessons themselves.
-Nothing here starts processes or talks to other ranks except `reduce_sum`.
+train_single.py, train_dp.py and train_ddp.py import it, so that the lines in which they differ
+are the lessons themselves; each script keeps its own training loop in view. Everything that
+talks to other ranks is in the section "Between ranks" at the end; the rest works the same
+in one process and in many.
 """
 import argparse
-import gc
+import datetime
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -18,7 +18,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-CLASSES = ("plane", "car", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+from ddp_scripts.hardware import describe_hardware, usable_cores
+from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY, metrics_rows, write_error_file
+
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
@@ -28,23 +30,32 @@ class UsageError(Exception):
 
 
 def run_cli(main):
-    """Call `main()`; turn a UsageError into a one-line message and exit status 2.
+    """Call `main()` as a script's entry point, and end the process.
 
-    Call it last: afterwards the process's objects are frozen for a quick exit (see below).
+    Bad input (UsageError) is one line on stderr and exit status 2; any other exception is
+    Python's traceback and exit status 1. Either way the error also goes, as JSON, to the
+    error file torchrun gives each worker (ddp_scripts/runfiles.py), where torchrun and the
+    launcher read which rank failed and why. A run that succeeds ends with os._exit(0), once
+    its files are written and its output flushed: Python's own exit would garbage-collect the
+    300,000 objects that importing torch created (1.5 s per process on a small CPU) and run
+    the destructors of torch's C++ threads, which have aborted finished ranks
+    ("terminate called without an active exception").
     """
+    rank = int(os.environ["RANK"]) if "RANK" in os.environ else None
     try:
         main()
     except UsageError as error:
-        rank = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
-        sys.stderr.write(f"{rank}error: {error}\n")  # one write: see say()
+        write_error_file(error, exit_code=2, rank=rank)
+        tag = f"[rank {rank}] " if rank is not None else ""
+        sys.stderr.write(f"{tag}error: {error}\n")  # one write: see say()
         sys.stderr.flush()
         sys.exit(2)
-    finally:
-        # The run is over and its files are written and closed. On its way out Python would
-        # now garbage-collect the 300,000 objects that importing torch created, again and
-        # again (about 1.5 s per process on a small CPU, paid by every rank); freezing them
-        # skips that, and the operating system frees the memory as the process ends.
-        gc.freeze()
+    except Exception as error:
+        write_error_file(error, exit_code=1, rank=rank)
+        raise
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -75,6 +86,14 @@ def build_parser(description):
     p.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")
     p.add_argument("--stop-after-epoch", type=int, default=None,
                    help="stop after this epoch, as if interrupted (for resume demos)")
+    p.add_argument("--tf32", action="store_true",
+                   help="let float32 convolutions and matrix products use TF32 on Ampere and "
+                        "newer GPUs: faster, about 3 decimal digits (default: full float32)")
+    p.add_argument("--timeout-s", type=float, default=600,
+                   help="DDP: how long a collective waits for the other ranks before failing")
+    # The source article's launcher, python -m torch.distributed.launch, passes this option
+    # to every process; torchrun sets the LOCAL_RANK variable instead.
+    p.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -89,23 +108,41 @@ def check_args(args):
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite contradict each other: pick one")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {args.threads}")
+    if args.local_rank is not None:  # started by torch.distributed.launch, the article's way
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+        if os.environ["LOCAL_RANK"] == "0":
+            print("notice: --local-rank comes from the deprecated torch.distributed.launch; "
+                  "torchrun sets LOCAL_RANK instead", flush=True)
+    set_precision(args.tf32)
 
 
 # ---------------------------------------------------------------------------------------
-# Device and backend
+# Device, precision, threads
 # ---------------------------------------------------------------------------------------
 def pick_device(requested="auto", local_rank=0):
-    """The device this process trains on. 'auto' means CUDA if present, else CPU."""
+    """The device this process trains on. 'auto' means CUDA if present, else CPU.
+
+    Process `local_rank` of a node takes GPU `local_rank`. A cluster that binds one GPU to
+    each task shows every process a single GPU, as cuda:0: with one GPU visible, a process
+    of a later local rank takes it when the scheduler chose it (CUDA_VISIBLE_DEVICES is set);
+    on a machine with one GPU and no binding it is an error (two processes cannot share one
+    GPU under nccl), and check_one_gpu_per_rank catches a binding that repeats a GPU.
+    """
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda":
         if not torch.cuda.is_available():
             raise UsageError("--device cuda asked for, but this machine has no usable CUDA GPU "
                              "(use --device cpu or --device auto)")
-        if local_rank >= torch.cuda.device_count():
+        visible = torch.cuda.device_count()
+        if visible == 1 and local_rank > 0 and os.environ.get("CUDA_VISIBLE_DEVICES"):
+            return torch.device("cuda", 0)  # the one GPU the scheduler bound to this process
+        if local_rank >= visible:
             raise UsageError(f"local rank {local_rank} needs GPU {local_rank}, but only "
-                             f"{torch.cuda.device_count()} GPU(s) are visible: start at most "
-                             f"{torch.cuda.device_count()} processes per node")
+                             f"{visible} GPU(s) are visible: start at most {visible} "
+                             "processes per node, or use --device cpu")
         return torch.device("cuda", local_rank)
     if requested == "mps":
         if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
@@ -114,14 +151,27 @@ def pick_device(requested="auto", local_rank=0):
     return torch.device("cpu")
 
 
-def backend_for(device):
-    """nccl talks GPU to GPU; gloo works on CPUs (and is the only choice without a GPU)."""
-    return "nccl" if device.type == "cuda" else "gloo"
+def require_gpus_for_data_parallel(device):
+    """nn.DataParallel scatters batches over CUDA GPUs; on anything else it does nothing."""
+    if device.type != "cuda":
+        raise UsageError(f"DataParallel needs CUDA GPUs, and this run is on {device.type}: "
+                         "use train_single.py, or --device cuda on a machine with GPUs")
 
 
-def set_cpu_threads(args, processes_per_node=1):
-    """Split the cores between the processes of this node, so they do not fight over them."""
-    threads = args.threads or max(1, (os.cpu_count() or 1) // processes_per_node)
+def set_precision(tf32=False):
+    """TF32: on Ampere and newer GPUs, cuDNN runs float32 convolutions with 10-bit mantissas
+    by default. Off (the default here), float32 means float32 everywhere, and a DDP run
+    matches a single-process run as closely on a GPU as on a CPU; --tf32 trades that for speed."""
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def set_cpu_threads(threads=None, processes_per_node=1):
+    """Split the cores this process may use between the processes of its node.
+
+    The cores it may use, not all of the machine's: a Slurm job or a container gives a
+    process fewer (os.sched_getaffinity), and counting all of them oversubscribes."""
+    threads = threads or max(1, usable_cores() // processes_per_node)
     torch.set_num_threads(threads)
     return threads
 
@@ -244,47 +294,53 @@ def cifar10_tensors(data_dir, download):
     return splits
 
 
-def load_datasets(args, rank=0, local_rank=0, announce=print):
-    """Train and test sets as TensorImages. CIFAR-10 falls back to synthetic, announced."""
-    dtype = getattr(torch, args.dtype)
-    if args.dataset == "cifar10":
+def load_datasets(dataset="cifar10", data_dir="data", train_samples=None, test_samples=None,
+                  dtype="float32"):
+    """Train and test sets as TensorImages. CIFAR-10 falls back to synthetic, announced.
+
+    Under DDP every rank must train on the same data: CIFAR-10 is downloaded once, and the
+    ranks compare what they loaded; if it differs (a node that could not get CIFAR-10 while
+    the others did), the run stops with one line on every rank.
+    """
+    reason = None  # why CIFAR-10 could not be had, if it could not
+    if dataset == "cifar10":
         try:
-            (train, test), source = _cifar10_once_per_node(args.data_dir, local_rank), "cifar10"
+            (train, test), source = _cifar10_downloaded_once(data_dir), "cifar10"
         except Exception as error:  # offline, or a broken download
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-            if rank == 0:
-                announce(f"CIFAR-10 could not be loaded from {args.data_dir!r} ({reason}); "
-                         "using the synthetic CIFAR-shaped data set instead")
-            train, test = _synthetic_for(args)
+            train, test = synthetic_cifar(train_samples or 50_000, test_samples or 10_000)
             source = "synthetic (fallback)"
     else:
-        train, test = _synthetic_for(args)
+        train, test = synthetic_cifar(train_samples or 50_000, test_samples or 10_000)
         source = "synthetic"
+    agree_on_data_source(source, data_dir)
+    if reason is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:  # once per node
+        say(f"CIFAR-10 could not be loaded from {data_dir!r} ({reason}); "
+            "using the synthetic CIFAR-shaped data set instead")
     (x_train, y_train), (x_test, y_test) = train, test
-    if args.train_samples:
-        x_train, y_train = x_train[:args.train_samples], y_train[:args.train_samples]
-    if args.test_samples:
-        x_test, y_test = x_test[:args.test_samples], y_test[:args.test_samples]
+    if train_samples:
+        x_train, y_train = x_train[:train_samples], y_train[:train_samples]
+    if test_samples:
+        x_test, y_test = x_test[:test_samples], y_test[:test_samples]
+    dtype = getattr(torch, dtype)
     return (TensorImages(x_train.to(dtype), y_train, source),
             TensorImages(x_test.to(dtype), y_test, source))
 
 
-def _synthetic_for(args):
-    return synthetic_cifar(args.train_samples or 50_000, args.test_samples or 10_000)
-
-
-def _cifar10_once_per_node(data_dir, local_rank):
-    """Only local rank 0 downloads; the others wait for it, then read the files."""
+def _cifar10_downloaded_once(data_dir):
+    """Rank 0 downloads first, alone. Then the first process of each other node downloads
+    only if its disk lacks the files (nodes without a shared file system); with a shared
+    one it finds them whole and fetches nothing. Then every rank reads them."""
     if dist.is_initialized():
-        if local_rank == 0:
-            try:
-                cifar10_tensors(data_dir, download=True)
-            finally:
-                dist.barrier()
-        else:
-            dist.barrier()
-        return cifar10_tensors(data_dir, download=False)
-    return cifar10_tensors(data_dir, download=True)
+        rank, first_on_node = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")) == 0
+        for my_turn in (rank == 0, rank != 0 and first_on_node):
+            if my_turn:
+                try:
+                    cifar10_tensors(data_dir, download=True)
+                except Exception:  # reported below, when reading the files fails too
+                    pass
+            barrier()
+    return cifar10_tensors(data_dir, download=not dist.is_initialized())
 
 
 def check_batch_fits(batch_size, world_size, train_samples):
@@ -302,29 +358,23 @@ def make_loader(dataset, batch_size, sampler):
 
 
 # ---------------------------------------------------------------------------------------
-# One epoch of training, one pass of evaluation
+# Evaluation, and what one epoch leaves behind
 # ---------------------------------------------------------------------------------------
-def train_one_epoch(model, loader, optimizer, device):
-    """Returns (sum of losses, number of samples) as a tensor on `device`.
+class reported_if_out_of_memory:
+    """Around forward and backward: a batch too large for the device's memory becomes
+    one line that says what to do, instead of a page of CUDA traceback."""
 
-    The loss is accumulated on the device and read once per epoch: calling `.item()` in
-    the loop would make the CPU wait for the GPU at every step.
-    """
-    model.train()
-    totals = torch.zeros(2, device=device, dtype=torch.float64)
-    for images, labels in loader:
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        optimizer.zero_grad(set_to_none=True)
-        try:
-            loss = F.cross_entropy(model(images), labels)
-            loss.backward()
-        except torch.OutOfMemoryError:
-            raise UsageError(f"a batch of {len(labels)} images does not fit in the memory of "
-                             f"{device}: lower --batch-size") from None
-        optimizer.step()
-        totals[0] += loss.detach() * len(labels)
-        totals[1] += len(labels)
-    return totals
+    def __init__(self, batch_size, device):
+        self.batch_size, self.device = batch_size, device
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if kind is not None and issubclass(kind, torch.OutOfMemoryError):
+            raise UsageError(f"a batch of {self.batch_size} images does not fit in the memory "
+                             f"of {self.device}: lower --batch-size") from None
+        return False
 
 
 @torch.no_grad()
@@ -341,11 +391,15 @@ def evaluate(model, loader, device):
     return totals
 
 
-def reduce_sum(totals):
-    """Add a tensor of totals over all ranks (a no-op without a process group)."""
-    if dist.is_initialized():
-        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-    return totals
+def run_context(args, device, strategy, threads, data_source, world_size=1, gpus=None):
+    """What every line of metrics.jsonl records about how the run was made."""
+    if gpus is None:
+        gpus = world_size if device.type == "cuda" else 0
+    return {"world_size": world_size, "device": str(device),
+            "backend": dist.get_backend() if dist.is_initialized() else None,
+            "strategy": strategy, "gpus": gpus, "threads": threads,
+            "batch_size": args.batch_size, "global_batch_size": args.batch_size * world_size,
+            "dtype": args.dtype, "tf32": args.tf32, "dataset": data_source}
 
 
 def epoch_record(epoch, train_totals, test_totals, epoch_time_s, **context):
@@ -363,16 +417,42 @@ def epoch_record(epoch, train_totals, test_totals, epoch_time_s, **context):
             **context}
 
 
+def save_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_time_s, context):
+    """Log the epoch to metrics.jsonl, then save the checkpoint that covers it, then say so."""
+    record = epoch_record(epoch, train_totals, test_totals, epoch_time_s, **context)
+    append_metrics(args.out, record)
+    save_checkpoint(args.out, model, optimizer, epoch, args)
+    say(f"epoch {epoch}/{args.epochs} train_loss={record['train_loss']:.4f} "
+        f"test_accuracy={record['test_accuracy']:.4f} samples/s={record['samples_per_s']:.0f}")
+
+
+def resume_from(checkpoint, model, optimizer, out):
+    """Load a checkpoint (or None) into the model and optimizer; returns the first epoch to run."""
+    if checkpoint is None:
+        return 1
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    say(f"resuming after epoch {checkpoint['epoch']} from {out}")
+    return checkpoint["epoch"] + 1
+
+
+def write_summary(out, strategy, device, start, train_start, args, world_size=1):
+    """OUT/run.json, once the run has finished: times, hardware, options."""
+    end = time.perf_counter()  # the clock the scripts' START was read from
+    summary = {"strategy": strategy, "world_size": world_size,
+               "startup_s": train_start - start, "train_s": end - train_start,
+               "total_s": end - start, "hardware": describe_hardware(device), "args": vars(args)}
+    write_atomically(Path(out) / SUMMARY, lambda f: f.write(json.dumps(summary, indent=1)),
+                     mode="w")
+
+
 # ---------------------------------------------------------------------------------------
 # Output directory: metrics.jsonl and checkpoint.pt, never overwritten by accident
 # ---------------------------------------------------------------------------------------
-METRICS, CHECKPOINT, SUMMARY = "metrics.jsonl", "checkpoint.pt", "run.json"
-
-
 def prepare_out_dir(args):
     """Check OUT before any work starts. Returns the checkpoint to resume from, or None.
 
-    Every rank calls this; only reading happens here, so they all reach the same verdict.
+    Only reads: under DDP rank 0 calls it (see on_rank_0) and tells the others what it found.
     """
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -387,7 +467,7 @@ def prepare_out_dir(args):
 
 
 def start_out_dir(args, checkpoint):
-    """On rank 0: create OUT; keep only the epochs the checkpoint has, or start empty.
+    """Create OUT; keep only the epochs the checkpoint has, or start empty.
 
     After a crash OUT may hold an epoch logged just before its checkpoint was due (it is
     trained again, so its line goes), half a line, or the temporary file of a save that
@@ -396,23 +476,13 @@ def start_out_dir(args, checkpoint):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     kept = []
-    if checkpoint is not None and (out / METRICS).exists():
-        lines = (out / METRICS).read_text().splitlines()
-        kept = [line for line, epoch in zip(lines, map(_logged_epoch, lines))
-                if epoch is not None and epoch <= checkpoint["epoch"]]
-    write_atomically(out / METRICS, lambda f: f.write("".join(line + "\n" for line in kept)),
-                     mode="w")
+    if checkpoint is not None:
+        kept = [row for row in metrics_rows(out) if row["epoch"] <= checkpoint["epoch"]]
+    write_atomically(out / METRICS, lambda f: f.write("".join(json.dumps(row) + "\n"
+                                                              for row in kept)), mode="w")
     (out / SUMMARY).unlink(missing_ok=True)
     for unfinished in out.glob(".*.tmp*"):  # see write_atomically
         unfinished.unlink(missing_ok=True)
-
-
-def _logged_epoch(line):
-    """The epoch of one line of metrics.jsonl; None for a line a crash cut short."""
-    try:
-        return json.loads(line)["epoch"]
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def append_metrics(out, record):
@@ -461,87 +531,116 @@ def load_checkpoint(path, expect=None):
     return state
 
 
-def unwrap(model):
-    """The plain model inside a DataParallel or DistributedDataParallel wrapper."""
-    return model.module if hasattr(model, "module") else model
-
-
-def describe_hardware(device):
-    """What a number was measured on: stored beside every result."""
-    info = {"platform": platform.platform(), "processor": _cpu_name(),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "device": str(device), "gpus": []}
-    if torch.cuda.is_available():
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return info
-
-
-def _cpu_name():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def write_summary(out, summary):
-    write_atomically(Path(out) / SUMMARY, lambda f: f.write(json.dumps(summary, indent=1)),
-                     mode="w")
-
-
-def say(message, rank=0):
-    """Print one line, tagged with the rank, flushed at once (launchers read it live).
+def say(message):
+    """Print one line, tagged with this process's rank, flushed at once.
 
     The line and its newline go out in one write: print() writes them apart, and with
     unbuffered output (PYTHONUNBUFFERED=1, as the launcher sets) two ranks' lines can mix.
     """
-    sys.stdout.write(f"[rank {rank}] {message}\n")
+    sys.stdout.write(f"[rank {os.environ.get('RANK', '0')}] {message}\n")
     sys.stdout.flush()
 
 
-def elapsed_since(start):
-    return time.perf_counter() - start
+# ---------------------------------------------------------------------------------------
+# Between ranks: everything here is a collective (every rank must call it) or a no-op
+# without a process group, so that train_single.py can call the same functions.
+# ---------------------------------------------------------------------------------------
+def backend_for(device):
+    """nccl talks GPU to GPU; gloo works on CPUs (and is the only choice without a GPU)."""
+    return "nccl" if device.type == "cuda" else "gloo"
 
 
-def device_table(free_memory=False, uuids=False):
-    """What this process can compute on, one row per device: a pandas DataFrame.
+def require_torchrun(script):
+    """The DDP scripts learn their rank from torchrun's variables: say so if they are missing."""
+    if "LOCAL_RANK" not in os.environ:
+        raise UsageError("LOCAL_RANK is not set: start this script with torchrun, e.g. "
+                         f"torchrun --standalone --nproc_per_node 2 ddp_scripts/{script} ...")
 
-    CUDA GPUs first, numbered as this process sees them (CUDA_VISIBLE_DEVICES applies),
-    then Apple's MPS if present, then the CPU. `free_memory=True` adds each GPU's free
-    memory (torch.cuda.mem_get_info, which starts a CUDA context on every GPU it asks);
-    `uuids=True` adds each GPU's UUID, the name that does not change with renumbering.
+
+def init_process_group(device, timeout_s):
+    """Join the group torchrun set up (MASTER_ADDR, RANK, WORLD_SIZE in the environment).
+    On a GPU the group is bound to this process's device (device_id), so that nccl's
+    collectives, barriers included, run on it and on no other."""
+    if device.type == "mps":
+        raise UsageError("MPS runs one process only: use train_single.py --device mps")
+    dist.init_process_group(backend=backend_for(device),
+                            timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=device if device.type == "cuda" else None)
+    check_one_gpu_per_rank(device)
+
+
+def check_one_gpu_per_rank(device):
+    """Two ranks on one GPU deadlock or fail inside nccl; say so in one line instead."""
+    if device.type != "cuda" or dist.get_world_size() == 1:
+        return
+    cpu_group = dist.new_group(backend="gloo")  # nccl cannot even compare notes on a shared GPU
+    uuids = [None] * dist.get_world_size()
+    dist.all_gather_object(uuids, str(torch.cuda.get_device_properties(device).uuid),
+                           group=cpu_group)
+    dist.destroy_process_group(cpu_group)
+    for rank, uuid in enumerate(uuids):
+        if uuids.index(uuid) != rank:
+            raise UsageError(f"ranks {uuids.index(uuid)} and {rank} were given the same GPU "
+                             f"({uuid}): start one process per GPU")
+
+
+def barrier():
+    """Wait for every rank (a no-op without a process group)."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def on_rank_0(function, *args):
+    """Run function(*args) on rank 0 only; every rank gets its result, or its UsageError.
+
+    For what only rank 0 can decide. OUT is on rank 0's disk: on several nodes without a
+    shared file system the others cannot see it, and each deciding alone would start some
+    ranks at epoch 1 while rank 0 resumes, to hang at the first all-reduce.
     """
-    import pandas as pd  # imported here only: the training scripts do not need it
-    columns = ["name", "memory_gib", "compute_capability", "processors"]
-    columns += ["free_gib"] if free_memory else []
-    columns += ["uuid"] if uuids else []
-    rows = []
-    for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
-        props = torch.cuda.get_device_properties(index)
-        row = {"device": f"cuda:{index}", "name": props.name,
-               "memory_gib": round(props.total_memory / 2**30, 1),
-               "compute_capability": f"{props.major}.{props.minor}",
-               "processors": f"{props.multi_processor_count} SMs"}
-        if free_memory:
-            row["free_gib"] = round(torch.cuda.mem_get_info(index)[0] / 2**30, 1)
-        if uuids:
-            uuid = str(getattr(props, "uuid", "?"))  # nvidia-smi writes it GPU-...
-            row["uuid"] = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
-        rows.append(row)
-    if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
-        rows.append({"device": "mps", "name": "Apple GPU (Metal)",
-                     "processors": "shares the CPU's memory"})
-    rows.append({"device": "cpu", "name": _cpu_name(), "memory_gib": _ram_gib(),
-                 "processors": f"{os.cpu_count()} cores"})
-    table = pd.DataFrame(rows).set_index("device").reindex(columns=columns)
-    return table.astype(object).where(table.notna(), "-")
+    if not dist.is_initialized():
+        return function(*args)
+    answer = [None]
+    if dist.get_rank() == 0:
+        try:
+            answer = [(True, function(*args))]
+        except UsageError as error:
+            answer = [(False, str(error))]
+    dist.broadcast_object_list(answer, src=0)
+    succeeded, value = answer[0]
+    if not succeeded:
+        raise UsageError(value)
+    return value
 
 
-def _ram_gib():
-    """The machine's memory in GiB, where the system reports it."""
-    try:
-        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    except (ValueError, OSError, AttributeError):
-        return None
+def agree_on_data_source(source, data_dir):
+    """Stop, on every rank, unless every rank loaded the same data set."""
+    if not dist.is_initialized():
+        return
+    sources = [None] * dist.get_world_size()
+    dist.all_gather_object(sources, source)
+    if len(set(sources)) > 1:
+        odd = [rank for rank, other in enumerate(sources) if other != sources[0]]
+        raise UsageError(f"the ranks loaded different data: rank 0 {sources[0]!r}, ranks {odd} "
+                         f"{sources[odd[0]]!r}; put CIFAR-10 in {data_dir!r} on every node "
+                         "(or use a shared file system), or pass --dataset synthetic")
+
+
+def reduce_sum(totals):
+    """Add a tensor of totals over all ranks (a no-op without a process group)."""
+    if dist.is_initialized():
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+    return totals
+
+
+def average_buffers(model):
+    """Average BatchNorm's running statistics over the ranks (a no-op without a group).
+
+    DDP copies rank 0's buffers to every rank before each forward pass, but each rank then
+    updates them on its own batch: after the last step the ranks hold different statistics.
+    Averaged, every rank evaluates, and rank 0 saves, the same model."""
+    if not dist.is_initialized():
+        return
+    for buffer in model.buffers():
+        if buffer.is_floating_point():
+            dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+            buffer /= dist.get_world_size()

@@ -8,18 +8,25 @@ on Linux, even when the kernel itself dies.
 
     from ddp_scripts.launcher import run_script
     df = run_script("train_ddp.py", nproc=2, out="runs/ddp", dataset="synthetic", epochs=2)
+    df = run_script("train_single.py", out="runs/one", dataset="synthetic", epochs=2)
+
+Nothing printed is parsed: progress comes from the run's metrics.jsonl, and a failure from
+the JSON error file each rank writes (ddp_scripts/runfiles.py) in torchrun's --log-dir.
 """
-import json
 import os
 import queue
-import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
+
+from ddp_scripts.runfiles import (ERROR_FILE_NAME, ERROR_FILE_VARIABLE, logged_epochs,
+                                  metrics_rows, read_error_files)
 
 SCRIPTS = Path(__file__).resolve().parent
 
@@ -55,93 +62,130 @@ def as_cli(options):
     return args
 
 
-def torchrun_command(script, nproc=2, script_args=(), port=None, torchrun_args=()):
-    """The command line torchrun would be given in a terminal, as a list (no shell)."""
+def torchrun_command(script, nproc=2, script_args=(), port=None, torchrun_args=(),
+                     log_dir=None):
+    """The command line torchrun would be given in a terminal, as a list (no shell).
+
+    `log_dir` is torchrun's --log-dir, where each worker's error file goes (a new temporary
+    folder by default, removed by run_command once it has read it)."""
     port = port or free_port()
+    if log_dir is None:
+        log_dir = tempfile.mkdtemp(prefix="torchrun-")
+        _TEMPORARY_LOG_DIRS.add(log_dir)
     return [sys.executable, "-m", "torch.distributed.run",
             "--nnodes", "1", "--nproc-per-node", str(nproc),
-            "--master-addr", "127.0.0.1", "--master-port", str(port),
+            "--master-addr", "127.0.0.1", "--master-port", str(port), "--log-dir", str(log_dir),
             *torchrun_args, str(SCRIPTS / script), *script_args]
 
 
-def run_script(script, nproc=2, out=None, timeout=600, torchrun=None, progress="auto",
-               torchrun_args=(), env=None, echo=print, **options):
+_TEMPORARY_LOG_DIRS = set()
+
+
+def run_script(script, nproc=None, out=None, timeout=600, progress="auto", torchrun_args=(),
+               env=None, echo=print, **options):
     """Run `script` from ddp_scripts/ and return its metrics as a pandas DataFrame.
 
-    script   e.g. "train_ddp.py" (under torchrun) or "train_single.py" (one process)
-    nproc    processes for torchrun; ignored for single-process scripts
+    script   e.g. "train_ddp.py" or "train_single.py"
+    nproc    None: one process, `python script`; a number: that many under torchrun
     out      output directory (the script's --out); metrics are read from there
     timeout  seconds before the whole run is ended and LaunchTimeout raised
-    torchrun None: decide by the script's name (train_ddp -> torchrun)
     progress "auto": a progress bar in an interactive notebook, plain lines otherwise
     echo     called with each output line (default: print it)
     options  the script's own options, as keywords: epochs=2, batch_size=32, resume=True
     """
     if out is not None:
         options["out"] = str(out)
-    if torchrun is None:
-        torchrun = "ddp" in Path(script).stem
     script_args = as_cli(options)
-    if torchrun:
-        command = torchrun_command(script, nproc, script_args, torchrun_args=torchrun_args)
-    else:
+    if nproc is None:
         command = [sys.executable, str(SCRIPTS / script), *script_args]
-    total = options.get("epochs")
-    run_command(command, timeout=timeout, progress=progress, total_epochs=total, env=env,
-                echo=echo)
+    else:
+        command = torchrun_command(script, nproc, script_args, torchrun_args=torchrun_args)
+    run_command(command, timeout=timeout, progress=progress, out=out,
+                total_epochs=options.get("epochs"), env=env, echo=echo)
     return read_metrics(out) if out is not None else None
 
 
 def read_metrics(out):
     """metrics.jsonl as a DataFrame, one row per epoch."""
     import pandas as pd
-    path = Path(out) / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return pd.DataFrame(rows)
+    return pd.DataFrame(metrics_rows(out, strict=True))
 
 
-def run_command(command, timeout=600, progress="auto", total_epochs=None, env=None, echo=print):
+def run_command(command, timeout=600, progress="auto", out=None, total_epochs=None, env=None,
+                echo=print):
     """Run `command`, stream its output, end its process tree whatever happens.
 
-    Returns the output lines. Raises LaunchError (non-zero exit), LaunchTimeout, or
-    KeyboardInterrupt (after cleaning up) on an interrupt.
+    Returns the output lines. Raises LaunchError (non-zero exit: which rank failed, with what
+    exit status and why, from the ranks' error files), LaunchTimeout, or KeyboardInterrupt
+    (after cleaning up) on an interrupt. With `out` and `total_epochs`, an interactive
+    notebook shows a progress bar that follows OUT/metrics.jsonl.
     """
+    # Where failures are recorded: torchrun's --log-dir for its workers' error files; the
+    # variable, for a single process (or for torchrun's own failure, such as a rendezvous
+    # that times out).
+    log_dir = command[command.index("--log-dir") + 1] if "--log-dir" in command else None
+    error_dir = log_dir or tempfile.mkdtemp(prefix="launch-")
     # OMP_NUM_THREADS set here spares every run torchrun's banner about it; the scripts
     # choose their own thread count (cores / processes) anyway.
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
+                ERROR_FILE_VARIABLE: str(Path(error_dir) / ERROR_FILE_NAME)}
     full_env.setdefault("OMP_NUM_THREADS", "1")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, text=True, env=full_env,
-                               start_new_session=True, bufsize=1, preexec_fn=_end_with_parent)
-    lines, bar = [], _progress_bar(progress, total_epochs)
-    reader = queue.Queue()
-    threading.Thread(target=_pump, args=(process.stdout, reader), daemon=True).start()
-    deadline = time.monotonic() + timeout
+    lines, bar = [], _progress_bar(progress, total_epochs if out is not None else None)
     try:
-        while True:
-            try:
-                line = reader.get(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
-            except queue.Empty:
-                line = ""
-            if line is None:  # output closed: the process has ended or is ending
-                process.wait(timeout=max(1.0, deadline - time.monotonic()))
-                break
-            if line:
-                lines.append(line)
-                _show(line, bar, echo)
-            if time.monotonic() > deadline:
-                raise LaunchTimeout(f"run did not finish within {timeout:g} s and was ended",
-                                    tail="\n".join(lines[-15:]))
-    except subprocess.TimeoutExpired:
-        raise LaunchTimeout(f"run did not finish within {timeout:g} s and was ended",
-                            tail="\n".join(lines[-15:])) from None
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, text=True, env=full_env,
+                                   start_new_session=True, bufsize=1,
+                                   preexec_fn=_end_with_parent)
+        reader = queue.Queue()
+        threading.Thread(target=_pump, args=(process.stdout, reader), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    line = reader.get(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+                except queue.Empty:
+                    line = ""
+                if line is None:  # output closed: the process has ended or is ending
+                    process.wait(timeout=max(1.0, deadline - time.monotonic()))
+                    break
+                if line:
+                    lines.append(line)
+                    (bar.write if bar is not None and echo is print else echo)(line)
+                if bar is not None:
+                    bar.update(len(logged_epochs(out)) - bar.n)
+                if time.monotonic() > deadline:
+                    raise LaunchTimeout(f"run did not finish within {timeout:g} s and was ended",
+                                        tail="\n".join(lines[-15:]))
+        except subprocess.TimeoutExpired:
+            raise LaunchTimeout(f"run did not finish within {timeout:g} s and was ended",
+                                tail="\n".join(lines[-15:])) from None
+        finally:
+            end_process_tree(process)
+            if bar is not None:
+                bar.close()
+        if process.returncode != 0:
+            raise failure(process.returncode, read_error_files(error_dir), lines)
     finally:
-        end_process_tree(process)
-        if bar is not None:
-            bar.close()
-    if process.returncode != 0:
-        raise failure_from_output(process.returncode, lines)
+        if log_dir is None or log_dir in _TEMPORARY_LOG_DIRS:
+            shutil.rmtree(error_dir, ignore_errors=True)
+            _TEMPORARY_LOG_DIRS.discard(error_dir)
     return lines
+
+
+def failure(exit_code, errors, lines):
+    """A LaunchError from the error files of a failed run: the first rank that failed, its
+    exit status and its reason. A process killed by a signal writes no error file: then
+    the run's own exit status, and the last lines it printed."""
+    if not errors:
+        return LaunchError(f"the run failed with exit code {exit_code} and left no error "
+                           "file (killed by a signal, or ended before it started)",
+                           exit_code=exit_code, tail="\n".join(lines[-25:]))
+    first = errors[0]
+    rank, code = first["rank"], first["exit_code"]
+    stack = first.get("message", {}).get("extraInfo", {}).get("py_callstack", "")
+    who = f"rank {rank}" if rank is not None else "the run"
+    return LaunchError(f"{who} failed with exit code {code}: {first['reason']}", rank=rank,
+                       exit_code=code, tail=stack.strip() or "\n".join(lines[-25:]))
 
 
 if sys.platform == "linux":
@@ -183,20 +227,6 @@ def _in_interactive_notebook():
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
-EPOCH_LINE = re.compile(r"\[rank 0\] epoch (\d+)/(\d+)")
-
-
-def _show(line, bar, echo):
-    if bar is None:
-        echo(line)
-        return
-    match = EPOCH_LINE.search(line)
-    if match:
-        bar.update(int(match.group(1)) - bar.n)
-    # Printed lines go above the bar; a caller's own echo (collecting lines) still gets them.
-    (bar.write if echo is print else echo)(line)
-
-
 def end_process_tree(process, grace_s=5.0):
     """Terminate `process` and every process it started (torchrun's workers run in sessions
     of their own, so a process-group kill would miss them), then kill what is left."""
@@ -225,46 +255,3 @@ def _signal(proc, sig):
         proc.send_signal(sig)
     except Exception:  # already gone
         pass
-
-
-SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)", re.M)
-SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.M)
-OUR_ERROR = re.compile(r"^\[rank (\d+)\] error: (.*)$")
-# Once its process group is up, a worker's traceback comes with "[rank0]: " on every line.
-RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
-EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:)?\s*\w+(\.\w+)*(Error|Exception|Interrupt)(:|$)")
-
-
-def failure_from_output(exit_code, lines):
-    """Build a LaunchError from a failed run's output: which rank, which code, what it said.
-
-    torchrun ends a failed run with a summary naming the first failing rank and its exit
-    code; the companion scripts print bad input as one line "[rank N] error: ...".
-    """
-    text = "\n".join(lines)
-    tail = "\n".join(lines[-25:])
-    failures = text.rsplit("Failures:", 1)[-1] if "Failures:" in text else text
-    root = text.rsplit("Root Cause", 1)[-1] if "Root Cause" in text else failures
-    rank_match, exit_match = SUMMARY_RANK.search(root), SUMMARY_EXIT.search(root)
-    rank = int(rank_match.group(1)) if rank_match else None
-    code = int(exit_match.group(1)) if exit_match else exit_code
-    ours = [OUR_ERROR.match(line) for line in lines]
-    ours = [m for m in ours if m]
-    plain = [line for line in lines if line.startswith("error: ")]
-    if ours:
-        rank = int(ours[0].group(1)) if rank is None else rank
-        reason = ours[0].group(2)
-    elif plain:
-        reason = plain[0][len("error: "):]
-    else:
-        # The first exception line is the rank's own; torchrun's ChildFailedError follows.
-        errors = [i for i, line in enumerate(lines)
-                  if EXCEPTION_LINE.match(line) and "ChildFailedError" not in line]
-        reason = RANK_PREFIX.sub("", lines[errors[0]]).strip() if errors else f"exit code {code}"
-        if errors:  # the failing rank's own traceback, not torchrun's
-            starts = [i for i in range(errors[0])
-                      if RANK_PREFIX.sub("", lines[i]).startswith("Traceback")]
-            tail = "\n".join(lines[starts[-1] if starts else max(0, errors[0] - 15):errors[0] + 1])
-    who = f"rank {rank}" if rank is not None else "the run"
-    return LaunchError(f"{who} failed with exit code {code}: {reason}", rank=rank,
-                       exit_code=code, tail=tail)

@@ -15,11 +15,16 @@ which sets LOCAL_RANK, RANK and WORLD_SIZE, and init_method='env://' (see train_
 import argparse
 import datetime
 import os
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch
 import torch.distributed as dist
 
-from common import UsageError, run_cli
+from ddp_scripts.common import UsageError, run_cli
 
 
 def main():

@@ -1,14 +1,17 @@
 """Small helpers shared by the tests: run a companion script, compare two checkpoints."""
 import contextlib
-import gc
 import io
+import os
 import runpy
 import subprocess
 import sys
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import torch
+
+from ddp_scripts.runfiles import CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "ddp_scripts"
@@ -29,17 +32,19 @@ def run_in_process(script, *args):
     starts; the tests of single-process runs would spend most of their time on it. The script
     runs as __main__ with this argv; its exit status, stdout and stderr come back as a
     CompletedProcess, and an exception it lets out is printed as Python would print it
-    (status 1), so a bare traceback fails the same assertions as in a real process.
+    (status 1), so a bare traceback fails the same assertions as in a real process. The
+    os._exit(0) that ends a successful run (common.run_cli) ends the script, not pytest.
     """
     path = SCRIPTS / script
     argv = [str(path), *map(str, args)]
     stdout, stderr = io.StringIO(), io.StringIO()
-    saved = sys.argv, list(sys.path), torch.get_num_threads()
+    saved = sys.argv, list(sys.path), torch.get_num_threads(), dict(os.environ)
     sys.argv = argv
-    sys.path.insert(0, str(SCRIPTS))  # as `python script` does: the script's folder first
+    sys.path.insert(0, str(SCRIPTS))  # as `python script` does; the script replaces it
     status = 0
     try:
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
+                mock.patch("os._exit", side_effect=SystemExit):
             try:
                 runpy.run_path(str(path), run_name="__main__")
             except SystemExit as exit:  # sys.exit(code) as the interpreter reads it
@@ -54,12 +59,13 @@ def run_in_process(script, *args):
     finally:
         sys.argv, sys.path[:] = saved[0], saved[1]
         torch.set_num_threads(saved[2])
-        gc.unfreeze()  # run_cli froze this process's objects for an exit that is not coming
+        os.environ.clear()
+        os.environ.update(saved[3])
     return subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
 
 
 def load_model_state(out):
-    return torch.load(Path(out) / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
+    return torch.load(Path(out) / CHECKPOINT, map_location="cpu", weights_only=True)["model"]
 
 
 def max_difference(a, b):

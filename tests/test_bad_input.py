@@ -28,15 +28,15 @@ def test_cuda_without_a_gpu(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
-def test_data_parallel_without_a_gpu(tmp_path):
-    result = run_in_process("train_single.py", *SMALL, "--data-parallel",
-                            "--out", tmp_path / "run")
-    assert_one_line_error(result, "--data-parallel needs CUDA GPUs")
+def test_data_parallel_on_the_cpu(tmp_path):
+    result = run_in_process("train_dp.py", *SMALL, "--device", "cpu", "--out", tmp_path / "run")
+    assert_one_line_error(result, "DataParallel needs CUDA GPUs, and this run is on cpu")
+    assert not (tmp_path / "run").exists()
 
 
 def test_more_processes_than_gpus_with_nccl(monkeypatch):
     from ddp_scripts import common
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert common.pick_device("cuda", local_rank=1) == torch.device("cuda", 1)
@@ -44,6 +44,44 @@ def test_more_processes_than_gpus_with_nccl(monkeypatch):
         common.pick_device("cuda", local_rank=2)
     assert common.backend_for(torch.device("cuda", 0)) == "nccl"
     assert common.backend_for(torch.device("cpu")) == "gloo"
+
+
+def test_one_gpu_per_task_clusters_and_one_gpu_machines(monkeypatch):
+    """A scheduler that binds one GPU to each task shows every process only cuda:0; a
+    machine with one GPU and two processes is an error, not two ranks on one GPU."""
+    from ddp_scripts import common
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # what Slurm's --gpus-per-task=1 sets
+    assert common.pick_device("cuda", local_rank=2) == torch.device("cuda", 0)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with pytest.raises(common.UsageError, match="local rank 1 needs GPU 1, but only 1"):
+        common.pick_device("auto", local_rank=1)
+
+
+def test_threads_follow_the_cores_this_process_may_use(monkeypatch):
+    """In a Slurm job or a container, a process may run on fewer cores than the machine has."""
+    from ddp_scripts import common
+    saved = torch.get_num_threads()
+    monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7}, raising=False)
+    monkeypatch.setattr(common.os, "cpu_count", lambda: 64)
+    try:
+        assert common.set_cpu_threads(None, processes_per_node=2) == 2
+        assert common.set_cpu_threads(None, processes_per_node=8) == 1
+        assert common.set_cpu_threads(3, processes_per_node=2) == 3  # --threads wins
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_out_of_memory_is_one_line_with_what_to_do():
+    from ddp_scripts import common
+    with pytest.raises(common.UsageError, match="a batch of 512 images does not fit in the "
+                                                "memory of cuda:0: lower --batch-size"):
+        with common.reported_if_out_of_memory(512, torch.device("cuda", 0)):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with pytest.raises(ValueError):  # anything else goes through unchanged
+        with common.reported_if_out_of_memory(512, torch.device("cpu")):
+            raise ValueError("not about memory")
 
 
 @pytest.mark.parametrize("option, value, fragment", [
@@ -98,10 +136,12 @@ def test_ddp_bad_input_is_one_line_per_rank_and_the_launcher_names_the_rank(tmp_
     lines = []
     with pytest.raises(LaunchError) as caught:
         run_script("train_ddp.py", nproc=2, out=tmp_path, dataset="synthetic", batch_size=0,
-                   timeout=240, progress=False, echo=lines.append)
-    ours = sorted(line for line in lines if "error: --batch-size" in line)
-    assert ours == ["[rank 0] error: --batch-size must be at least 1, got 0",
-                    "[rank 1] error: --batch-size must be at least 1, got 0"]
+                   device="cpu", timeout=240, progress=False, echo=lines.append)
+    # torchrun ends the other rank as soon as one fails: its line may never be printed.
+    ours = [line for line in lines if "error: --batch-size" in line]
+    assert ours, "\n".join(lines)
+    assert set(ours) <= {"[rank 0] error: --batch-size must be at least 1, got 0",
+                         "[rank 1] error: --batch-size must be at least 1, got 0"}
     assert not any("common.UsageError" in line for line in lines)  # no traceback of ours
     error = caught.value  # what the notebook sees: which rank failed, how, and why
     assert error.rank in (0, 1) and error.exit_code == 2

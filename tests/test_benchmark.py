@@ -5,11 +5,13 @@ import sys
 import pytest
 import torch
 
-from ddp_scripts.benchmark import (CONFIGS, command_for, hardware_label, load_results,
-                                   parse_configs, parse_topology, plan_runs, readable,
-                                   results_table, settings_for)
+from ddp_scripts.benchmark import (CONFIGS, command_for, load_results, parse_configs, plan_runs,
+                                   readable, results_table, settings_for)
 from ddp_scripts.common import UsageError
-from helpers import SCRIPTS
+from ddp_scripts.hardware import (_first_line, hardware_label, parse_topology,
+                                  visible_gpu_indices)
+from ddp_scripts.runfiles import SUMMARY
+from helpers import ROOT, SCRIPTS
 
 NO_GPU = not torch.cuda.is_available()
 
@@ -57,7 +59,7 @@ def test_smoke_writes_a_valid_results_file(smoke):
         assert 0 <= run["test_accuracy"] <= 1
         # The global batch is held fixed: N processes get global/N each.
         assert run["batch_size_per_process"] * run["processes"] == run["global_batch_size"]
-        assert (where / "runs" / run["config"] / "run.json").exists()
+        assert (where / "runs" / run["config"] / SUMMARY).exists()
     assert runs["ddp"]["processes"] >= 2 or runs["ddp"]["status"] == "skipped"
 
 
@@ -128,6 +130,39 @@ def test_topology_is_read_from_nvidia_smi_output():
     assert parse_topology(text) == {"GPU0-GPU1": "NV4"}
 
 
+# nvidia-smi underlines the header with terminal escape codes, even into a pipe: the H200
+# record (shared/gpu-runs/2026-11-30-h200/h200-full.json) stores them, as here.
+H200_TOPOLOGY = ("\x1b[4mGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+                 "GPU0\t X \t0-15\t0\t\tN/A\n\nLegend:\n\n  X    = Self\n")
+FOUR_GPUS = ("\x1b[4m\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+             "GPU0\t X \tNV12\tSYS\tSYS\t0-15\t0\t\tN/A\n"
+             "GPU1\tNV12\t X \tSYS\tSYS\t0-15\t0\t\tN/A\n"
+             "GPU2\tSYS\tSYS\t X \tNV12\t16-31\t1\t\tN/A\n"
+             "GPU3\tSYS\tSYS\tNV12\t X \t16-31\t1\t\tN/A\n\nLegend:\n  X    = Self\n")
+
+
+def test_topology_with_escape_codes_keeps_every_gpu():
+    assert parse_topology(H200_TOPOLOGY) == {}  # one GPU: no pair
+    assert parse_topology(FOUR_GPUS) == {"GPU0-GPU1": "NV12", "GPU0-GPU2": "SYS",
+                                         "GPU0-GPU3": "SYS", "GPU1-GPU2": "SYS",
+                                         "GPU1-GPU3": "SYS", "GPU2-GPU3": "NV12"}
+
+
+def test_topology_keeps_only_the_gpus_the_run_can_see():
+    uuids = {0: "GPU-aaaa", 1: "GPU-bbbb", 2: "GPU-cccc", 3: "GPU-dddd"}
+    assert visible_gpu_indices(None) is None
+    assert visible_gpu_indices("2,3") == [2, 3]
+    assert visible_gpu_indices("GPU-cccc,GPU-dd", uuids) == [2, 3]  # UUIDs, or their start
+    assert visible_gpu_indices("1,-1,0") == [1]  # CUDA stops at the first invalid entry
+    assert parse_topology(FOUR_GPUS, visible=[2, 3]) == {"GPU2-GPU3": "NV12"}
+    assert parse_topology(FOUR_GPUS, visible=[1, 2]) == {"GPU1-GPU2": "SYS"}
+
+
+def test_driver_version_is_one_line_on_a_machine_with_several_gpus():
+    assert _first_line("580.159.04\n580.159.04\n580.159.04\n") == "580.159.04"
+    assert _first_line(None) is None
+
+
 def plan_for(gpu_count, batch_size=64):
     settings = settings_for("smoke", batch_size=batch_size)
     names = ["NVIDIA TITAN Xp"] * gpu_count
@@ -144,7 +179,8 @@ def test_plan_on_two_gpus_splits_the_global_batch_over_one_process_per_gpu():
     ddp = readable(command_for(runs["ddp"]))
     assert ddp.startswith("torchrun --standalone") and "--nproc-per-node 2" in ddp
     assert "--batch-size 32" in ddp and "--device cuda" in ddp
-    assert "--data-parallel" in readable(command_for(runs["dp"]))
+    assert readable(command_for(runs["dp"])).startswith("python ddp_scripts/train_dp.py")
+    assert "--log-dir" not in ddp and "--master-port" not in ddp  # the launcher's own details
 
 
 def test_plan_on_one_gpu_says_why_dp_and_ddp_do_not_run():
@@ -154,9 +190,15 @@ def test_plan_on_one_gpu_says_why_dp_and_ddp_do_not_run():
         assert "only one GPU is visible (NVIDIA TITAN Xp)" in runs[config]["skip"]
 
 
-def test_plan_skips_ddp_when_the_batch_does_not_split():
-    assert "does not split evenly over 3 processes" in plan_for(3)["ddp"]["skip"]
+def test_plan_uses_as_many_gpus_as_the_batch_splits_over():
+    for gpus, processes in ((3, 2), (4, 4), (5, 4), (6, 4), (7, 4), (8, 8)):
+        ddp = plan_for(gpus)["ddp"]
+        assert "skip" not in ddp and ddp["processes"] == processes, (gpus, ddp)
+        assert ddp["batch_size_per_process"] * processes == 64
+        assert (f"on {processes} of the {gpus} GPUs" in ddp["description"]) == (processes < gpus)
     assert "skip" not in plan_for(3)["dp"]
+    assert "does not split evenly over 2 or more" in plan_for(2, batch_size=7)["ddp"]["skip"]
+
 
 
 def test_table_computes_speed_ups_and_efficiency():

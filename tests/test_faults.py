@@ -8,7 +8,6 @@ kernel that started it. Each torchrun start costs seconds on two cores, so the r
 and few; every timeout is generous, and every test checks something that a broken script or
 launcher would get wrong.
 """
-import json
 import signal
 import subprocess
 import sys
@@ -24,8 +23,8 @@ from ddp_scripts.common import (append_metrics, build_model, build_parser, load_
                                 prepare_out_dir, save_checkpoint, start_out_dir)
 from ddp_scripts.launcher import (LaunchError, LaunchTimeout, as_cli, free_port, run_command,
                                   run_script, torchrun_command)
-from ddp_scripts.mistakes.faults import (kill_rank_after_epoch, logged_epochs,
-                                         processes_mentioning)
+from ddp_scripts.mistakes.faults import kill_rank_after_epoch, processes_mentioning
+from ddp_scripts.runfiles import CHECKPOINT, logged_epochs, metrics_rows
 from helpers import max_difference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +72,7 @@ class ProcessWatcher:
         return [cmd for cmd in self.seen.values()
                 if marker in cmd and "torch.distributed.run" not in cmd]
 
-    def survivors(self, grace_s=10):
+    def survivors(self, grace_s=30):
         """The processes seen that are still running `grace_s` seconds from now, at the latest."""
         deadline = time.monotonic() + grace_s
         while True:
@@ -100,12 +99,11 @@ def train_ddp(out, torchrun_args=(), env=None, timeout=400, **options):
 
 def epochs_in_metrics(out):
     """The epoch of every line of OUT/metrics.jsonl; a line that is not whole JSON fails."""
-    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["epoch"] for line in lines]
+    return [row["epoch"] for row in metrics_rows(out, strict=True)]
 
 
 def checkpoint(out):
-    return torch.load(Path(out) / "checkpoint.pt", map_location="cpu", weights_only=True)
+    return torch.load(Path(out) / CHECKPOINT, map_location="cpu", weights_only=True)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +140,7 @@ def test_crash_during_a_save_leaves_the_last_checkpoint_whole(tmp_path):
     model = build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     save_checkpoint(tmp_path, model, optimizer, 1, args)
-    before = (tmp_path / "checkpoint.pt").read_bytes()
+    before = (tmp_path / CHECKPOINT).read_bytes()
     crash = f"""
 import io, os, signal, sys, torch
 sys.path.insert(0, {str(ROOT)!r})
@@ -166,8 +164,8 @@ common.save_checkpoint({str(tmp_path)!r}, model, optimizer, 2, args)
     assert result.returncode == -signal.SIGKILL, result.stderr.decode()[-2000:]
     leftovers = list(tmp_path.glob(".checkpoint.pt.tmp*"))
     assert len(leftovers) == 1 and leftovers[0].stat().st_size > 0  # it did die mid-write
-    assert (tmp_path / "checkpoint.pt").read_bytes() == before
-    assert load_checkpoint(tmp_path / "checkpoint.pt")["epoch"] == 1
+    assert (tmp_path / CHECKPOINT).read_bytes() == before
+    assert load_checkpoint(tmp_path / CHECKPOINT)["epoch"] == 1
     # The next start with --resume continues from epoch 1 and removes the unfinished file.
     args.resume = True
     start_out_dir(args, prepare_out_dir(args))
@@ -193,31 +191,25 @@ def test_crash_between_log_and_checkpoint_logs_each_epoch_once(tmp_path):
     assert epochs_in_metrics(tmp_path) == [1, 2, 3, 4]
 
 
-def test_rank_that_skips_a_collective_fails_within_the_timeout():
-    arrivals = []
+def test_rank_that_skips_a_collective_fails_with_the_groups_timeout():
+    lines = []
     with ProcessWatcher() as watcher, pytest.raises(LaunchError) as caught:
         run_command(torchrun_command(COLLECTIVE_DEMO, 2, ["--timeout-s", "3"]), timeout=300,
-                    echo=lambda line: arrivals.append((time.monotonic(), line)))
+                    echo=lines.append)
     # The rank that gives up last may see its partner's connection close instead of its own
-    # timeout, and torchrun may name either rank: the timeout must be in the output.
+    # timeout, and either may fail first: the group's own 3 s timeout must be in the output.
     assert not isinstance(caught.value, LaunchTimeout) and caught.value.exit_code == 1
-    joined = [t for t, line in arrivals if "joined the group" in line]
-    failed = [t for t, line in arrivals if "Timed out" in line]
-    assert len(joined) == 2 and failed, "\n".join(line for _, line in arrivals)
-    waited = failed[0] - max(joined)
-    print(f"the collective failed {waited:.1f} s after both ranks had joined (timeout: 3 s)")
-    assert 2.0 < waited < 60
+    assert sum("joined the group" in line for line in lines) == 2, "\n".join(lines)
+    assert any("Timed out waiting 3000ms" in line for line in lines), "\n".join(lines)
     assert len(watcher.workers(COLLECTIVE_DEMO)) == 2
     assert watcher.survivors() == []
 
 
 def test_launcher_timeout_ends_a_hung_run():
     """A collective that would wait 600 s: the launcher's own timeout ends it first."""
-    start = time.monotonic()
     with ProcessWatcher() as watcher, pytest.raises(LaunchTimeout):
         run_command(torchrun_command(COLLECTIVE_DEMO, 2, ["--timeout-s", "600"]), timeout=20,
                     echo=lambda line: None)
-    assert time.monotonic() - start < 60
     assert len(watcher.workers(COLLECTIVE_DEMO)) == 2  # the workers had started
     assert watcher.survivors() == []
 
@@ -278,6 +270,6 @@ def test_node_that_never_joins_fails_with_a_rendezvous_timeout(tmp_path, rendezv
     took = time.monotonic() - start
     print(f"{rendezvous}: failed after {took:.1f} s: {caught.value}")
     assert expected in str(caught.value)
-    assert not isinstance(caught.value, LaunchTimeout) and took < 120
+    assert not isinstance(caught.value, LaunchTimeout)  # torchrun gave up, not the launcher
     assert watcher.workers("train_ddp.py") == []  # no worker was ever started
     assert watcher.survivors() == []

@@ -1,37 +1,59 @@
-"""The notebook launcher: live output, failures with their rank, no stray processes.
+"""The notebook launcher: live output, failures from the ranks' error files, no stray processes.
 
 Also tested elsewhere, on real runs: a script's bad input named by rank (test_bad_input.py),
 the launcher's timeout and a stopped notebook ending a hung run (test_faults.py).
 """
 import sys
-import time
 
 import pytest
 
-from ddp_scripts.launcher import LaunchError, run_command
+from ddp_scripts.launcher import LaunchError, run_command, run_script, torchrun_command
 from ddp_scripts.mistakes.faults import processes_mentioning
 
 
-def test_output_is_streamed_while_the_run_goes_on():
-    arrivals = []
-    code = "import time; print('first', flush=True); time.sleep(1.5); print('second', flush=True)"
-    lines = run_command([sys.executable, "-c", code], timeout=60,
-                        echo=lambda line: arrivals.append((line, time.monotonic())))
-    assert lines == ["first", "second"]
-    assert arrivals[1][1] - arrivals[0][1] > 1.0  # 'first' was shown before 'second' existed
+def test_output_is_streamed_while_the_run_goes_on(tmp_path):
+    """The child prints 'first', then waits until the launcher has shown it (the echo creates
+    a file), and only then prints 'second': the run can only end if lines arrive live."""
+    shown = tmp_path / "first-was-shown"
+    code = ("import pathlib, time\nprint('first', flush=True)\n"
+            f"while not pathlib.Path({str(shown)!r}).exists(): time.sleep(0.01)\n"
+            "print('second', flush=True)\n")
+    arrived = []
+
+    def echo(line):
+        arrived.append(line)
+        shown.touch()
+
+    lines = run_command([sys.executable, "-c", code], timeout=120, echo=echo)
+    assert lines == arrived == ["first", "second"]
 
 
-def test_a_crash_carries_the_end_of_its_traceback(tmp_path):
+def test_a_crash_is_read_from_the_ranks_error_file(tmp_path):
+    """torch's `record` writes the exception to the error file torchrun gives each rank."""
     script = tmp_path / "crash.py"
-    script.write_text("import os\nif os.environ.get('RANK') == '1':\n"
-                      "    raise ValueError('rank one broke')\n")
-    from ddp_scripts import launcher
-    command = launcher.torchrun_command(str(script), 2)
+    script.write_text("import os\nfrom torch.distributed.elastic.multiprocessing.errors import record\n"
+                      "@record\ndef main():\n    if os.environ.get('RANK') == '1':\n"
+                      "        raise ValueError('rank one broke')\nmain()\n")
     with pytest.raises(LaunchError) as caught:
-        run_command(command, timeout=120, echo=lambda line: None)
+        run_command(torchrun_command(str(script), 2), timeout=120, echo=lambda line: None)
     assert caught.value.rank == 1 and caught.value.exit_code == 1
     assert "ValueError: rank one broke" in str(caught.value)
-    assert "rank one broke" in caught.value.tail
+    assert "raise ValueError('rank one broke')" in caught.value.tail  # the rank's own traceback
+
+
+def test_a_single_process_failure_is_read_from_its_error_file(tmp_path):
+    with pytest.raises(LaunchError) as caught:
+        run_script("train_single.py", out=tmp_path, dataset="synthetic", epochs=0,
+                   progress=False, echo=lambda line: None)
+    assert caught.value.exit_code == 2 and caught.value.rank is None
+    assert str(caught.value) == "the run failed with exit code 2: --epochs must be at least 1, got 0"
+
+
+def test_a_process_killed_by_a_signal_is_named_as_such():
+    with pytest.raises(LaunchError) as caught:
+        run_command([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                    timeout=60, echo=lambda line: None)
+    assert caught.value.exit_code == -9 and "left no error file" in str(caught.value)
 
 
 def test_interrupt_ends_the_whole_process_tree(tmp_path):
@@ -45,5 +67,4 @@ def test_interrupt_ends_the_whole_process_tree(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         run_command([sys.executable, str(script)], timeout=120, echo=interrupt_when_started)
-    time.sleep(0.5)
-    assert processes_mentioning(marker) == []
+    assert processes_mentioning(marker) == []  # end_process_tree waits for every process

@@ -1,9 +1,11 @@
 """The companion scripts' contract: equivalence, resume, metrics and checkpoint format."""
 import json
+import sys
 
 import pytest
 import torch
 
+from ddp_scripts.runfiles import CHECKPOINT, SUMMARY, metrics_rows
 from helpers import SMALL, load_model_state, max_difference, run_in_process
 
 CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_time_s",
@@ -11,7 +13,7 @@ CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_tim
 
 
 def read_metrics(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return metrics_rows(out, strict=True)
 
 
 # The tests that read this fixture's run go to one pytest-xdist worker (--dist loadgroup), and
@@ -26,7 +28,8 @@ def ddp_two_by_16(tmp_path_factory):
     from ddp_scripts.launcher import run_script
     out = tmp_path_factory.mktemp("ddp2")
     frame = run_script("train_ddp.py", nproc=2, out=out, dataset="synthetic", train_samples=512,
-                       test_samples=128, epochs=1, batch_size=16, timeout=240, progress=False)
+                       test_samples=128, epochs=1, batch_size=16, device="cpu", timeout=240,
+                       progress=False)
     # The launcher hands back metrics.jsonl as a DataFrame.
     assert list(frame["epoch"]) == [1] and list(frame["world_size"]) == [2]
     return out
@@ -49,7 +52,7 @@ def test_equivalence_in_float64_is_at_rounding_level(tmp_path):
     from ddp_scripts.launcher import run_script
     run_script("train_ddp.py", nproc=2, out=tmp_path / "two", dataset="synthetic",
                train_samples=512, test_samples=128, epochs=1, batch_size=16, dtype="float64",
-               timeout=240, progress=False)  # raises LaunchError if the run fails
+               device="cpu", timeout=240, progress=False)  # raises LaunchError if the run fails
     one = run_in_process("train_single.py", *SMALL, "--epochs", "1", "--batch-size", "32",
                          "--dtype", "float64", "--device", "cpu", "--out", tmp_path / "one")
     assert one.returncode == 0, one.stderr
@@ -69,11 +72,13 @@ def test_ddp_metrics_and_checkpoint_contract(ddp_two_by_16):
     # Distributed evaluation scores each of the 128 test images exactly once.
     assert row["test_samples"] == 128 and row["train_samples"] == 512
     assert 0.0 <= row["test_accuracy"] <= 1.0 and row["samples_per_s"] > 0
-    state = torch.load(ddp_two_by_16 / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert (row["dtype"], row["tf32"]) == ("float32", False)
+    state = torch.load(ddp_two_by_16 / CHECKPOINT, map_location="cpu", weights_only=True)
     assert {"model", "optimizer", "epoch"} <= state.keys() and state["epoch"] == 1
     assert not any(key.startswith("module.") for key in state["model"])
-    summary = json.loads((ddp_two_by_16 / "run.json").read_text())
+    summary = json.loads((ddp_two_by_16 / SUMMARY).read_text())
     assert summary["startup_s"] > 0 and summary["train_s"] > 0
+    assert summary["world_size"] == 2 and summary["hardware"]["device"] == "cpu"
 
 
 def test_single_process_resume_equals_uninterrupted(tmp_path):
@@ -87,8 +92,8 @@ def test_single_process_resume_equals_uninterrupted(tmp_path):
     assert second.returncode == 0, second.stderr
     assert "resuming after epoch 1" in second.stdout
     assert [r["epoch"] for r in read_metrics(tmp_path / "resumed")] == [1, 2, 3]
-    resumed = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=True)
-    uninterrupted = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)
+    resumed = torch.load(tmp_path / "resumed" / CHECKPOINT, weights_only=True)
+    uninterrupted = torch.load(tmp_path / "straight" / CHECKPOINT, weights_only=True)
     assert max_difference(resumed["model"], uninterrupted["model"]) == 0.0
     momentum = lambda state: [s["momentum_buffer"] for s in state["optimizer"]["state"].values()]
     assert all(torch.equal(a, b) for a, b in zip(momentum(resumed), momentum(uninterrupted)))
@@ -102,7 +107,7 @@ def test_resume_on_an_empty_directory_starts_fresh(tmp_path):
     assert [r["epoch"] for r in read_metrics(tmp_path / "new")] == [1]
 
 
-def test_synthetic_data_is_learnable_and_deterministic():
+def test_synthetic_data_is_deterministic_with_a_separate_test_split():
     from ddp_scripts.common import synthetic_cifar
     (x1, y1), (xt1, yt1) = synthetic_cifar(256, 64)
     (x2, y2), _ = synthetic_cifar(256, 64)
@@ -110,6 +115,18 @@ def test_synthetic_data_is_learnable_and_deterministic():
     assert torch.equal(x1, x2) and torch.equal(y1, y2)
     assert set(y1.tolist()) == set(range(10))
     assert not torch.equal(x1[:64], xt1)  # the test split holds other images
+
+
+def test_synthetic_data_is_learnable(tmp_path):
+    """Three epochs of the CNN on 2048 synthetic images: well above chance (10%) on the test
+    split, which holds other images of the same classes."""
+    result = run_in_process("train_single.py", "--dataset", "synthetic", "--train-samples",
+                            "2048", "--test-samples", "512", "--epochs", "3", "--device", "cpu",
+                            "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = read_metrics(tmp_path)
+    assert rows[-1]["test_accuracy"] > 0.3, rows[-1]
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
 
 
 def test_cifar10_falls_back_to_synthetic_with_an_announcement(tmp_path, monkeypatch):
@@ -130,13 +147,43 @@ def test_cifar10_falls_back_to_synthetic_with_an_announcement(tmp_path, monkeypa
 def test_the_source_articles_launcher_still_works(tmp_path):
     """python -m torch.distributed.launch passes --local-rank; the script takes it, says so."""
     import subprocess
-    import sys
     from helpers import SCRIPTS
     from ddp_scripts.launcher import free_port
     command = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2",
                f"--master_port={free_port()}", str(SCRIPTS / "train_ddp.py"), *SMALL,
-               "--epochs", "1", "--batch-size", "16", "--out", str(tmp_path)]
+               "--epochs", "1", "--batch-size", "16", "--device", "cpu", "--out", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("notice: --local-rank comes from the deprecated") == 1
     assert [r["world_size"] for r in read_metrics(tmp_path)] == [2]
+
+
+def test_one_import_path(tmp_path):
+    """Scripts, notebooks and tests import the shared code as ddp_scripts.*, never under a
+    second name (`common`), so one exception class and one monkeypatch reach every caller."""
+    result = run_in_process("train_single.py", *SMALL, "--epochs", "1", "--device", "cpu",
+                            "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    second_names = {"common", "launcher", "runfiles", "hardware", "benchmark"} & set(sys.modules)
+    assert not second_names, f"imported under a second name: {second_names}"
+    loaded = [name for name in sys.modules if name.startswith("ddp_scripts")]
+    assert "ddp_scripts.common" in loaded and "ddp_scripts.runfiles" in loaded
+
+
+def test_nothing_parses_torchruns_printed_summary():
+    from helpers import SCRIPTS
+    for path in SCRIPTS.rglob("*.py"):
+        text = path.read_text()
+        for words in ("Root Cause", "exitcode", "ChildFailedError"):
+            assert words not in text, f"{path.name} reads torchrun's printed summary ({words})"
+
+
+def test_tf32_is_off_unless_asked_and_recorded(tmp_path):
+    args = [*SMALL, "--epochs", "1", "--device", "cpu"]
+    assert run_in_process("train_single.py", *args, "--out", tmp_path / "off").returncode == 0
+    assert torch.backends.cudnn.allow_tf32 is False
+    assert run_in_process("train_single.py", *args, "--tf32", "--out", tmp_path / "on").returncode == 0
+    assert torch.backends.cudnn.allow_tf32 is True and torch.backends.cuda.matmul.allow_tf32
+    assert [read_metrics(tmp_path / name)[0]["tf32"] for name in ("off", "on")] == [False, True]
+    from ddp_scripts.common import set_precision
+    set_precision(False)

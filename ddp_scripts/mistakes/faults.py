@@ -8,14 +8,19 @@ same in a background thread and reports what it saw: which process died, when, a
 job had recovered (logged the next epoch).
 """
 import argparse
-import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+
 import psutil
+
+from ddp_scripts.runfiles import CHECKPOINT, METRICS, logged_epochs
 
 
 def processes_mentioning(text):
@@ -41,24 +46,9 @@ def workers_of(out):
     return workers
 
 
-def logged_epochs(out):
-    """The epochs in OUT/metrics.jsonl so far (an unfinished last line is not counted)."""
-    path = Path(out) / "metrics.jsonl"
-    epochs = []
-    try:
-        for line in path.read_text().splitlines():
-            try:
-                epochs.append(json.loads(line)["epoch"])
-            except (ValueError, KeyError):
-                pass
-    except OSError:
-        pass
-    return epochs
-
-
 def saved_epoch_done(out, epoch):
     """True once epoch `epoch` is logged and its checkpoint written (the save follows the log)."""
-    metrics, checkpoint = Path(out) / "metrics.jsonl", Path(out) / "checkpoint.pt"
+    metrics, checkpoint = Path(out) / METRICS, Path(out) / CHECKPOINT
     try:
         return (max(logged_epochs(out), default=0) >= epoch
                 and checkpoint.stat().st_mtime >= metrics.stat().st_mtime)

@@ -13,26 +13,27 @@ import argparse
 import datetime
 import sys
 import time
+from pathlib import Path
+
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist
 
-
-def say(message, rank):
-    sys.stdout.write(f"[rank {rank}] {message}\n")  # one write, so ranks' lines never mix
-    sys.stdout.flush()
+from ddp_scripts.common import run_cli, say
 
 
 def log_total_buggy(samples, rank):
     if rank == 0:
         dist.all_reduce(samples)   # only rank 0 gets here: it waits for rank 1 in vain
-        say(f"samples seen by all ranks: {samples.item():.0f}", rank)
+        say(f"samples seen by all ranks: {samples.item():.0f}")
 
 
 def log_total_fixed(samples, rank):
     dist.all_reduce(samples)       # every rank calls the collective...
     if rank == 0:                  # ...and only the printing depends on the rank
-        say(f"samples seen by all ranks: {samples.item():.0f}", rank)
+        say(f"samples seen by all ranks: {samples.item():.0f}")
 
 
 def main():
@@ -43,14 +44,14 @@ def main():
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
     rank = dist.get_rank()
-    say(f"joined the group; collectives time out after {args.timeout_s:g} s", rank)
+    say(f"joined the group; collectives time out after {args.timeout_s:g} s")
     samples = torch.tensor([1000.0 * (rank + 1)])  # what this rank trained on this epoch
     start = time.perf_counter()
     (log_total_fixed if args.fixed else log_total_buggy)(samples, rank)
     dist.barrier()                 # the end of the epoch: every rank waits for all the others
-    say(f"epoch done after {time.perf_counter() - start:.1f} s", rank)
+    say(f"epoch done after {time.perf_counter() - start:.1f} s")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -8,22 +8,29 @@ import; a function in a file like this one can be imported by all of them.
 """
 import argparse
 import datetime
-import socket
+import os
 import sys
+from pathlib import Path
+
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ddp_scripts.common import say
+from ddp_scripts.launcher import free_port
+
 
 def worker(rank, world_size, port):
     """Join a gloo group of `world_size` processes and add up one number from each."""
+    os.environ["RANK"] = str(rank)  # what torchrun would set; say() tags lines with it
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=60))
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total)  # 1 + 2 + ... + world_size, on every rank
-    sys.stdout.write(f"[rank {rank}] the ranks' numbers add up to {total.item():.0f}\n")
-    sys.stdout.flush()
+    say(f"the ranks' numbers add up to {total.item():.0f}")
     dist.destroy_process_group()
 
 
@@ -31,10 +38,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nprocs", type=int, default=2)
     args = parser.parse_args()
-    with socket.socket() as s:  # a free port for the processes to meet on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(args.nprocs, port), nprocs=args.nprocs)
+    mp.spawn(worker, args=(args.nprocs, free_port()), nprocs=args.nprocs)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""What a run leaves behind, defined once: the files in --out, and a failed rank's error file.
+
+The training scripts write these files; the launcher, the benchmark, the notebooks and the
+tests read them. Nothing here imports torch, so the launcher stays quick to import.
+
+    OUT/metrics.jsonl   one JSON object per finished epoch (the last line may be cut short
+                        by a crash: readers skip it)
+    OUT/checkpoint.pt   model, optimizer and epoch, written atomically after each epoch
+    OUT/run.json        the run's summary, written once it has finished
+
+A rank that fails writes a JSON error file where torchrun's agent tells it to
+(TORCHELASTIC_ERROR_FILE, in the folder given by torchrun's --log-dir): the format of
+torch.distributed.elastic's `record`, which torchrun reads, plus the rank and exit status.
+"""
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+METRICS, CHECKPOINT, SUMMARY = "metrics.jsonl", "checkpoint.pt", "run.json"
+ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
+ERROR_FILE_NAME = "error.json"
+
+
+def metrics_rows(out, strict=False):
+    """OUT/metrics.jsonl as a list of dicts, one per logged epoch ([] before the first).
+
+    A line that is not whole JSON (a crash while writing it) is skipped, or with
+    `strict=True` raises ValueError: a finished run never has one.
+    """
+    try:
+        lines = (Path(out) / METRICS).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+            row["epoch"]
+        except (ValueError, KeyError, TypeError):
+            if strict:
+                raise ValueError(f"{Path(out) / METRICS}: not a whole metrics line: {line!r}")
+            continue
+        rows.append(row)
+    return rows
+
+
+def logged_epochs(out):
+    """The epochs in OUT/metrics.jsonl so far."""
+    return [row["epoch"] for row in metrics_rows(out)]
+
+
+def write_error_file(error, exit_code, rank=None):
+    """Record why this process fails, for torchrun and the launcher. No-op outside torchrun
+    (and outside the launcher, which sets the variable for a single process too)."""
+    path = os.environ.get(ERROR_FILE_VARIABLE)
+    if not path:
+        return
+    stack = "".join(traceback.format_exception(error)) if exit_code != 2 else ""
+    data = {"message": {"message": f"{type(error).__name__}: {error}",
+                        "extraInfo": {"py_callstack": stack,
+                                      "timestamp": str(int(time.time()))}},
+            "reason": str(error), "rank": rank, "exit_code": exit_code, "time": time.time()}
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def read_error_files(log_dir):
+    """The error files of a failed run under `log_dir`, earliest failure first.
+
+    torchrun's workers write `<log_dir>/<run>/attempt_<n>/<local rank>/error.json` (the
+    last attempt counts). `<log_dir>/error.json` is a single process's, or torchrun's own:
+    its own failure (a rendezvous that timed out), or a copy of its first failed worker's.
+    """
+    attempts = sorted(Path(log_dir).glob("*/attempt_*"),
+                      key=lambda p: (p.parent.stat().st_mtime, int(p.name.split("_")[1])))
+    files = list(attempts[-1].glob(f"*/{ERROR_FILE_NAME}")) if attempts else []
+    if not files:
+        files = list(Path(log_dir).glob(ERROR_FILE_NAME))
+    errors = []
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # a rank killed while writing it
+        data.setdefault("rank", None)
+        if data["rank"] is None and path.parent.name.isdigit():
+            data["rank"] = int(path.parent.name)  # written by torch's own `record`
+        message = data.get("message", {})
+        data.setdefault("reason", message.get("message", "") if isinstance(message, dict)
+                        else str(message))
+        data.setdefault("exit_code", 1)  # an exception that Python reports: exit status 1
+        data.setdefault("time", float(message.get("extraInfo", {}).get("timestamp", 0))
+                        if isinstance(message, dict) else 0.0)
+        errors.append(data)
+    return sorted(errors, key=lambda e: (e["time"], e["rank"] if e["rank"] is not None else 0))

@@ -1,0 +1,97 @@
+"""Train and test the CIFAR-10 CNN with nn.DataParallel: one process, every visible GPU.
+
+    python ddp_scripts/train_dp.py --out runs/dp                       # all visible GPUs
+    CUDA_VISIBLE_DEVICES=0,1 python ddp_scripts/train_dp.py --out runs/dp2
+
+Each forward pass splits the batch over the GPUs, copies the model to each, and gathers the
+outputs on cuda:0. This is train_single.py with the lines marked DP changed:
+`diff ddp_scripts/train_single.py ddp_scripts/train_dp.py`. Chapter 4 says why DDP replaced it.
+"""
+import time
+
+START = time.perf_counter()  # start-up (imports, data, model) is reported apart from training
+
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import torch
+import torch.nn as nn  # DP
+import torch.nn.functional as F
+from torch.utils.data import RandomSampler
+
+from ddp_scripts.common import (build_model, build_parser, check_args, check_batch_fits,
+                                evaluate, load_datasets, make_loader, pick_device,
+                                prepare_out_dir, reported_if_out_of_memory, resume_from, run_cli,
+                                run_context, save_epoch, say, set_cpu_threads, start_out_dir,
+                                synchronize, write_summary)
+from ddp_scripts.common import require_gpus_for_data_parallel  # DP
+
+
+def train_one_epoch(model, loader, optimizer, device):
+    """One pass over the training batches; returns (sum of losses, samples) on `device`.
+
+    The loss is added up on the device and read once per epoch: `.item()` in the loop
+    would make the CPU wait for the GPU at every step.
+    """
+    model.train()
+    totals = torch.zeros(2, device=device, dtype=torch.float64)
+    for images, labels in loader:
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        with reported_if_out_of_memory(len(labels), device):
+            loss = F.cross_entropy(model(images), labels)
+            loss.backward()
+        optimizer.step()
+        totals[0] += loss.detach() * len(labels)
+        totals[1] += len(labels)
+    return totals
+
+
+def main():
+    args = build_parser(__doc__.splitlines()[0]).parse_args()
+    check_args(args)
+
+    # 1. Where to train. The source article: torch.device("cuda:0" if available else "cpu").
+    device = pick_device(args.device)
+    require_gpus_for_data_parallel(device)  # DP: cuda:0 gathers, every visible GPU computes
+    threads = set_cpu_threads(args.threads)
+    checkpoint = prepare_out_dir(args)
+    train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
+                                        args.test_samples, args.dtype)
+    check_batch_fits(args.batch_size, 1, len(train_set))
+
+    # 2. The model goes to the device once, where it is built; the optimizer follows it.
+    model = build_model(args.model, args.seed, getattr(torch, args.dtype)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    first_epoch = resume_from(checkpoint, model, optimizer, args.out)
+    model = nn.DataParallel(model)  # DP: after .to(device); the batch is split over the GPUs
+    start_out_dir(args, checkpoint)
+
+    # 3. The data: a new shuffle every epoch, seeded with seed + epoch, as train_ddp.py's.
+    shuffle = torch.Generator()
+    train_loader = make_loader(train_set, args.batch_size, RandomSampler(train_set, generator=shuffle))
+    test_loader = make_loader(test_set, args.batch_size, range(len(test_set)))
+    context = run_context(args, device, "dp", threads, train_set.source,  # DP
+                          gpus=torch.cuda.device_count())
+
+    # 4. Train and test, epoch after epoch; each batch goes to the device in train_one_epoch.
+    train_start = time.perf_counter()
+    for epoch in range(first_epoch, args.epochs + 1):
+        shuffle.manual_seed(args.seed + epoch)
+        epoch_start = time.perf_counter()
+        train_totals = train_one_epoch(model, train_loader, optimizer, device)
+        synchronize(device)  # GPU work is queued: wait for it before reading the clock
+        epoch_time = time.perf_counter() - epoch_start
+        test_totals = evaluate(model, test_loader, device)
+        save_epoch(args, epoch, model.module, optimizer, train_totals, test_totals, epoch_time, context)  # DP
+        if epoch == args.stop_after_epoch:
+            say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
+            break
+    write_summary(args.out, "dp", device, START, train_start, args)  # DP
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,59 @@
+"""Run under torchrun by test_between_ranks.py: what ranks decide together, checked on 2 CPU
+processes. Each rank writes what it saw to OUT/rank<N>.json; the test reads those files.
+
+Ranks 0 and 1 are made to see different disks (OUT/rank0, OUT/rank1), as two nodes without a
+shared file system would.
+"""
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repository root
+
+import torch
+import torch.distributed as dist
+
+from ddp_scripts import common
+
+out = Path(sys.argv[1])
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+seen = {"rank": rank}
+
+# 1. Resuming: only rank 0's disk holds the run; every rank must resume as rank 0 decides.
+args = common.build_parser("probe").parse_args(
+    ["--out", str(out / f"rank{rank}"), "--dataset", "synthetic", "--resume"])
+checkpoint = common.on_rank_0(common.prepare_out_dir, args)
+seen["resumes_after_epoch"] = None if checkpoint is None else checkpoint["epoch"]
+
+# 2. Bad input found by rank 0 reaches every rank as the same one-line error.
+overwrite = common.build_parser("probe").parse_args(["--out", str(out / "rank0"), "--dataset", "synthetic"])
+try:
+    common.on_rank_0(common.prepare_out_dir, overwrite)
+except common.UsageError as error:
+    seen["refused"] = str(error)
+
+# 3. CIFAR-10: rank 0 downloads alone, first; a rank whose disk lacks the files while
+#    another's has them stops the run on every rank instead of training on other data.
+calls = []
+def fake_cifar10(data_dir, download):
+    calls.append(download)
+    if rank == 1:
+        raise RuntimeError("Dataset not found or corrupted")
+    return [(torch.zeros(8, 3, 32, 32), torch.zeros(8, dtype=torch.long))] * 2
+common.cifar10_tensors = fake_cifar10
+try:
+    common.load_datasets("cifar10", str(out / "data"), 8, 8)
+except common.UsageError as error:
+    seen["data_refused"] = str(error)
+seen["cifar10_calls"] = calls
+
+# 4. BatchNorm statistics: each rank's own after its last step, the same after averaging.
+norm = torch.nn.BatchNorm1d(3)
+norm(torch.randn(16, 3) + rank)
+common.average_buffers(norm)
+seen["running_mean"] = norm.running_mean.tolist()
+
+(out / f"rank{rank}.json").write_text(json.dumps(seen))
+dist.destroy_process_group()

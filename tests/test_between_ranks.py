@@ -1,0 +1,48 @@
+"""What the ranks decide together (common.py, "Between ranks"), on 2 CPU processes.
+
+One torchrun start of tests/ranks_probe.py checks: a resume decided by rank 0 for ranks that
+cannot see its disk; rank 0's bad-input verdict on every rank; CIFAR-10 downloaded by rank 0
+alone and a run stopped when ranks load different data; BatchNorm statistics averaged.
+"""
+import json
+
+import pytest
+import torch
+
+from ddp_scripts.common import build_model, build_parser, save_checkpoint
+from ddp_scripts.launcher import run_command, torchrun_command
+from helpers import ROOT
+
+
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ranks")
+    args = build_parser("test").parse_args(["--out", str(out / "rank0"), "--dataset", "synthetic"])
+    (out / "rank0").mkdir()
+    model = build_model()
+    save_checkpoint(out / "rank0", model, torch.optim.SGD(model.parameters(), lr=0.1), 3, args)
+    run_command(torchrun_command(str(ROOT / "tests" / "ranks_probe.py"), 2, [str(out)]),
+                timeout=300, echo=lambda line: None)
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_every_rank_resumes_as_rank_0_decides(seen):
+    assert [rank["resumes_after_epoch"] for rank in seen] == [3, 3]
+
+
+def test_rank_0s_refusal_reaches_every_rank(seen):
+    assert seen[0]["refused"] == seen[1]["refused"]
+    assert "already holds a run" in seen[1]["refused"]
+
+
+def test_cifar10_is_downloaded_by_rank_0_alone_and_different_data_stops_the_run(seen):
+    assert seen[0]["cifar10_calls"] == [True, False]  # download, then read
+    assert seen[1]["cifar10_calls"] == [False]       # same node: only read, after rank 0
+    for rank in seen:
+        assert "the ranks loaded different data: rank 0 'cifar10', ranks [1] " \
+               "'synthetic (fallback)'" in rank["data_refused"]
+
+
+def test_batchnorm_statistics_agree_after_averaging(seen):
+    assert seen[0]["running_mean"] == seen[1]["running_mean"]
+    assert seen[0]["running_mean"] != [0.0, 0.0, 0.0]

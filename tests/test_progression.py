@@ -1,0 +1,41 @@
+"""train_single.py -> train_dp.py -> train_ddp.py read as one progression: the diff is the lesson."""
+import difflib
+import re
+
+import pytest
+
+from helpers import SCRIPTS
+
+
+def code_lines(path):
+    """The script's lines without its docstrings, comments and blank lines, as the chapter
+    counts them; a trailing comment is kept (it carries the DP/DDP mark)."""
+    text = re.sub(r'"""(?:.|\n)*?"""', "", path.read_text())
+    return [line for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def hunks(before, after):
+    """(removed lines, added lines) for each place where the two scripts differ."""
+    matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
+    return [(before[i1:i2], after[j1:j2])
+            for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+
+
+@pytest.mark.parametrize("script, mark, most_added", [("train_dp.py", "DP", 8),
+                                                      ("train_ddp.py", "DDP", 40)])
+def test_every_change_is_marked_and_the_diff_stays_short(script, mark, most_added):
+    single, other = code_lines(SCRIPTS / "train_single.py"), code_lines(SCRIPTS / script)
+    changes = hunks(single, other)
+    added = sum(len(new) for _, new in changes)
+    assert 0 < added <= most_added, f"{script} adds or changes {added} lines"
+    for removed, new in changes:
+        assert any(re.search(rf"#.*\b{mark}\b", line) for line in new), (
+            f"a change in {script} is not marked {mark}:\n" + "\n".join(removed + ["---"] + new))
+
+
+@pytest.mark.parametrize("script", ["train_single.py", "train_dp.py", "train_ddp.py"])
+def test_the_training_loop_is_in_each_script(script):
+    text = (SCRIPTS / script).read_text()
+    for step in ("model(images)", "F.cross_entropy(", "loss.backward()", "optimizer.step()",
+                 "optimizer.zero_grad(", "for epoch in range("):
+        assert step in text, f"{script} does not show {step}"
