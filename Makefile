@@ -1,12 +1,18 @@
-# Two commands do all the set-up on a fresh machine with Python 3.10+:
-#   make book   create .venv, execute every notebook, write the HTML to _build/html
-#   make test   make book, then run every test (scripts, launcher, faults, the built site)
+# Two commands do all the set-up on a fresh machine with Python 3.10+ (README.md):
+#   make book    create .venv, execute every notebook, write the HTML to _build/html
+#   make test    make book, then run every test (scripts, launcher, faults, the built site)
+# and one more, once, for the tests that open the built pages in a browser:
+#   make browser  install Debian's chromium (needs root; elsewhere, install Chromium yourself)
+# Quicker, while working on the code: `make check` runs the tests that need no built book.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
+# The tests that read the built site (_build/html) or open it in a browser.
+SITE_TESTS := tests/test_site_html.py tests/test_site_browser.py
 
-.PHONY: book test browser student-copies clean
+.PHONY: book test check browser student-copies clean
 
 $(INSTALLED): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -16,12 +22,14 @@ $(INSTALLED): requirements.txt
 book: $(INSTALLED)
 	$(BIN)/python book/tools/build.py
 
-# Debian's Chromium, for the tests that open the built pages in a real browser.
+test: book
+	$(PYTEST) tests
+
+check: $(INSTALLED)
+	$(PYTEST) tests $(foreach t,$(SITE_TESTS),--ignore=$(t))
+
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
-
-test: book browser
-	$(BIN)/python -m pytest -n 2 --dist loadgroup tests
 
 student-copies: $(INSTALLED)
 	$(BIN)/python book/tools/student_copies.py

@@ -17,7 +17,11 @@ import torch.distributed as dist
 from ddp_scripts import common
 
 out = Path(sys.argv[1])
-dist.init_process_group("gloo")
+device = torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")  # "cuda": one GPU per rank
+if device.type == "cuda":
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+common.init_process_group(device, timeout_s=120)
 rank = dist.get_rank()
 seen = {"rank": rank}
 
@@ -41,7 +45,7 @@ def fake_cifar10(data_dir, download):
     calls.append(download)
     if rank == 1:
         raise RuntimeError("Dataset not found or corrupted")
-    return [(torch.zeros(8, 3, 32, 32), torch.zeros(8, dtype=torch.long))] * 2
+    return [(torch.zeros(8, 3, 32, 32), torch.zeros(8, dtype=torch.long))] * 2  # CPU, as the real one
 common.cifar10_tensors = fake_cifar10
 try:
     common.load_datasets("cifar10", str(out / "data"), 8, 8)
@@ -50,8 +54,8 @@ except common.UsageError as error:
 seen["cifar10_calls"] = calls
 
 # 4. BatchNorm statistics: each rank's own after its last step, the same after averaging.
-norm = torch.nn.BatchNorm1d(3)
-norm(torch.randn(16, 3) + rank)
+norm = torch.nn.BatchNorm1d(3).to(device)
+norm(torch.randn(16, 3, device=device) + rank)
 common.average_buffers(norm)
 seen["running_mean"] = norm.running_mean.tolist()
 

@@ -157,24 +157,9 @@ def write_execution_times():
 
 def describe_machine():
     """The build machine, as the execution times were measured on it."""
-    import platform
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpus = "no GPU"
-    try:
-        import torch
-        if torch.cuda.is_available():
-            gpus = ", ".join(torch.cuda.get_device_name(i)
-                             for i in range(torch.cuda.device_count()))
-    except ImportError:
-        pass
-    return f"{os.cpu_count()} CPU cores, {cpu}, {gpus}"
+    sys.path.insert(0, str(ROOT))
+    from ddp_scripts.hardware import describe_hardware
+    return describe_hardware()["label"]
 
 
 def render():

@@ -32,8 +32,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from ddp_scripts.common import (build_model, describe_hardware, synthetic_cifar,  # noqa: E402
-                                UsageError, run_cli)
+from ddp_scripts.common import build_model, synthetic_cifar, UsageError, run_cli  # noqa: E402
+from ddp_scripts.hardware import describe_hardware  # noqa: E402
 from ddp_scripts.launcher import (free_port, run_command, run_script,  # noqa: E402
                                   torchrun_command)
 
@@ -79,7 +79,7 @@ def bare_loop_in_a_new_process(samples, batch_size, threads, epochs, wrap_in_ddp
 
 def script_samples_per_s(script, samples, batch_size, threads, epochs, work):
     out = Path(tempfile.mkdtemp(dir=work))
-    frame = run_script(script, nproc=1, out=out, dataset="synthetic", train_samples=samples,
+    frame = run_script(script, nproc=1 if script == "train_ddp.py" else None, out=out, dataset="synthetic", train_samples=samples,
                        test_samples=16, epochs=epochs, batch_size=batch_size, threads=threads,
                        progress=False, echo=lambda line: None)
     return float(frame["samples_per_s"].iloc[1:].median())  # the first epoch warms up

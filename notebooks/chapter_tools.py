@@ -1,0 +1,51 @@
+"""Helpers that only the chapters use (the training scripts do not need them).
+
+    from notebooks.chapter_tools import device_table
+"""
+import os
+
+import torch
+
+from ddp_scripts.hardware import cpu_name
+
+
+def device_table(free_memory=False, uuids=False):
+    """What this process can compute on, one row per device: a pandas DataFrame.
+
+    CUDA GPUs first, numbered as this process sees them (CUDA_VISIBLE_DEVICES applies),
+    then Apple's MPS if present, then the CPU. `free_memory=True` adds each GPU's free
+    memory (torch.cuda.mem_get_info, which starts a CUDA context on every GPU it asks);
+    `uuids=True` adds each GPU's UUID, the name that does not change with renumbering.
+    """
+    import pandas as pd
+    columns = ["name", "memory_gib", "compute_capability", "processors"]
+    columns += ["free_gib"] if free_memory else []
+    columns += ["uuid"] if uuids else []
+    rows = []
+    for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+        props = torch.cuda.get_device_properties(index)
+        row = {"device": f"cuda:{index}", "name": props.name,
+               "memory_gib": round(props.total_memory / 2**30, 1),
+               "compute_capability": f"{props.major}.{props.minor}",
+               "processors": f"{props.multi_processor_count} SMs"}
+        if free_memory:
+            row["free_gib"] = round(torch.cuda.mem_get_info(index)[0] / 2**30, 1)
+        if uuids:
+            uuid = str(getattr(props, "uuid", "?"))  # nvidia-smi writes it GPU-...
+            row["uuid"] = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+        rows.append(row)
+    if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+        rows.append({"device": "mps", "name": "Apple GPU (Metal)",
+                     "processors": "shares the CPU's memory"})
+    rows.append({"device": "cpu", "name": cpu_name(), "memory_gib": _ram_gib(),
+                 "processors": f"{os.cpu_count()} cores"})
+    table = pd.DataFrame(rows).set_index("device").reindex(columns=columns)
+    return table.astype(object).where(table.notna(), "-")
+
+
+def _ram_gib():
+    """The machine's memory in GiB, where the system reports it."""
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
