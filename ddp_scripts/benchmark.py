@@ -32,7 +32,8 @@ from pathlib import Path
 if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from ddp_scripts.common import UsageError, cifar10_tensors, run_cli, write_atomically
+from ddp_scripts.common import (UsageError, check_at_least_one, cifar10_tensors, first_line,
+                                run_cli, write_atomically)
 from ddp_scripts.hardware import describe_hardware
 from ddp_scripts.launcher import LaunchError, as_cli, read_metrics, run_command, torchrun_command
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY
@@ -192,7 +193,7 @@ def prepare_data(settings, echo=print):
         cifar10_tensors(settings["data_dir"], download=True)
         return None
     except Exception as error:  # offline, or a broken download
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        reason = first_line(error)
         note = (f"CIFAR-10 could not be loaded from {_relative(settings['data_dir'])} "
                 f"({reason}); every configuration uses the synthetic CIFAR-shaped data set of "
                 "the same size instead")
@@ -353,9 +354,7 @@ def settings_for(size, seed=0, data_dir=ROOT / "data", **overrides):
         raise UsageError(f"unknown size {size!r}: choose from {', '.join(SIZES)}")
     settings = {"size": size, **SIZES[size], "seed": seed, "data_dir": str(data_dir)}
     settings.update({k: v for k, v in overrides.items() if v is not None})
-    for name in ("epochs", "batch_size"):
-        if settings[name] < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {settings[name]}")
+    check_at_least_one(epochs=settings["epochs"], batch_size=settings["batch_size"])
     return settings
 
 
@@ -366,8 +365,7 @@ def main():
                             batch_size=args.batch_size, dataset=args.dataset,
                             train_samples=args.train_samples, test_samples=args.test_samples,
                             model=args.model, timeout_s=args.timeout_s)
-    if args.cpu_processes < 1:
-        raise UsageError(f"--cpu-processes must be at least 1, got {args.cpu_processes}")
+    check_at_least_one(cpu_processes=args.cpu_processes)
     out = Path(args.out)
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory; give a file name such as {out}/results.json")

@@ -97,19 +97,26 @@ def build_parser(description):
     return p
 
 
-def check_args(args):
-    """Reject values that cannot work, with a message that says what to do instead."""
-    for name in ("epochs", "batch_size"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    for name in ("train_samples", "test_samples"):
-        value = getattr(args, name)
+def check_at_least_one(**options):
+    """--name VALUE must be a positive count (None: not given, fine)."""
+    for name, value in options.items():
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+
+
+def first_line(error):
+    """An exception's message in one line, for a one-line error or announcement."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def check_args(args):
+    """Reject values that cannot work, with a message that says what to do instead."""
+    check_at_least_one(epochs=args.epochs, batch_size=args.batch_size,
+                       train_samples=args.train_samples, test_samples=args.test_samples,
+                       threads=args.threads)
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite contradict each other: pick one")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads must be at least 1, got {args.threads}")
     if args.local_rank is not None:  # started by torch.distributed.launch, the article's way
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
         if os.environ["LOCAL_RANK"] == "0":
@@ -307,7 +314,7 @@ def load_datasets(dataset="cifar10", data_dir="data", train_samples=None, test_s
         try:
             (train, test), source = _cifar10_downloaded_once(data_dir), "cifar10"
         except Exception as error:  # offline, or a broken download
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            reason = first_line(error)
             train, test = synthetic_cifar(train_samples or 50_000, test_samples or 10_000)
             source = "synthetic (fallback)"
     else:
@@ -520,8 +527,7 @@ def load_checkpoint(path, expect=None):
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UsageError(f"cannot read checkpoint {path}: {first[:200]}") from None
+        raise UsageError(f"cannot read checkpoint {path}: {first_line(error)[:200]}") from None
     if not isinstance(state, dict) or not {"model", "optimizer", "epoch"} <= state.keys():
         raise UsageError(f"{path} is not a checkpoint of these scripts "
                          "(expected the keys model, optimizer and epoch)")
