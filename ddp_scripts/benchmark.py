@@ -15,10 +15,14 @@ run of the companion scripts, in a directory of its own under --runs-dir:
                                                          on a machine without a GPU, processes
                                                          that share the cores (gloo)
 
-A configuration this machine cannot run is recorded as skipped, with the reason. The results
-file holds, per run: wall time, start-up and training time, every epoch's time, samples/s
-over the epochs after the first (the first is warm-up), final test accuracy; and once, the
-hardware: CPU, GPUs, how the GPUs are connected (nvidia-smi topo -m), torch and CUDA.
+Each configuration runs --repeats times, round after round (cpu, gpu, dp, ddp, then again), so
+that other work on the machine slows one repeat of several configurations rather than every
+repeat of one. A configuration whose steady epochs disagree by more than RELIABLE_SPREAD is
+labelled unreliable, and so is every ratio computed with it. A configuration this machine
+cannot run is recorded as skipped, with the reason. The results file holds, per run and per
+repeat: wall time, start-up and training time, every epoch's time, samples/s over the epochs
+after the first (the first is warm-up), final test accuracy; their medians and spread; and
+once, the hardware: CPU, GPUs, how the GPUs are connected (nvidia-smi topo -m), torch, CUDA.
 """
 import argparse
 import datetime
@@ -47,10 +51,15 @@ SCHEMA = 1
 # for several epochs, minutes on one lab GPU, so that CPU and GPU differ as in practice.
 SIZES = {
     "smoke": {"dataset": "synthetic", "train_samples": 1024, "test_samples": 256,
-              "epochs": 2, "batch_size": 64, "model": "cnn", "timeout_s": 600},
+              "epochs": 3, "batch_size": 64, "model": "cnn", "repeats": 2, "timeout_s": 600},
     "full": {"dataset": "cifar10", "train_samples": None, "test_samples": None,
-             "epochs": 5, "batch_size": 64, "model": "cnn", "timeout_s": 7200},
+             "epochs": 5, "batch_size": 64, "model": "cnn", "repeats": 3, "timeout_s": 7200},
 }
+# A configuration's steady epochs (every repeat's, warm-up left out) must agree within this
+# factor, fastest over slowest, or its speed is labelled unreliable: other work on the
+# machine took its cores during some of them, and a ratio with it would say more about that
+# work than about the hardware.
+RELIABLE_SPREAD = 1.5
 
 
 # ---------------------------------------------------------------------------------------
@@ -157,31 +166,53 @@ def _relative(word):
 # Running and measuring
 # ---------------------------------------------------------------------------------------
 def measure(run, overwrite, timeout_s, echo=print):
-    """Run one configuration through the launcher and read back what it wrote."""
-    command = command_for(run, overwrite)
+    """Run one configuration once more through the launcher; add what it wrote to `run`."""
+    repeat = len(run.setdefault("repeats", [])) + 1
+    out = Path(run["out"]) / f"repeat-{repeat}"
+    command = command_for({**run, "out": str(out)}, overwrite)
     run["command"] = readable(command)
     started = time.perf_counter()
     run_command(command, timeout=timeout_s, progress=False, echo=echo)
-    run["wall_s"] = time.perf_counter() - started  # process start to exit, as a stopwatch sees it
-    summary = json.loads((Path(run["out"]) / SUMMARY).read_text())
-    metrics = read_metrics(run["out"])
+    wall_s = time.perf_counter() - started  # process start to exit, as a stopwatch sees it
+    summary = json.loads((out / SUMMARY).read_text())
+    metrics = read_metrics(out)
     epoch_times = metrics["epoch_time_s"].tolist()
     warmup = 1 if len(epoch_times) > 1 else 0  # the first epoch pays for one-off costs
-    steady = epoch_times[warmup:]
     last = metrics.iloc[-1]
+    run["repeats"].append({
+        "out": _relative(str(out)), "wall_s": wall_s, "startup_s": summary["startup_s"],
+        "train_s": summary["train_s"], "total_s": summary["total_s"],
+        "epoch_time_s": epoch_times, "warmup_epochs": warmup,
+        "steady_samples_per_s": [int(last["train_samples"]) / t for t in epoch_times[warmup:]],
+        "test_accuracy": float(last["test_accuracy"])})
     run.update(
-        status="measured",
-        startup_s=summary["startup_s"], train_s=summary["train_s"], total_s=summary["total_s"],
-        epoch_time_s=epoch_times, warmup_epochs=warmup,
-        steady_epoch_s=sum(steady) / len(steady),
-        samples_per_s=int(last["train_samples"]) * len(steady) / sum(steady),
-        test_accuracy=float(last["test_accuracy"]), train_loss=float(last["train_loss"]),
-        train_samples=int(last["train_samples"]), test_samples=int(last["test_samples"]),
-        dataset=str(last["dataset"]), threads_per_process=int(last["threads"]),
+        status="measured", train_samples=int(last["train_samples"]),
+        test_samples=int(last["test_samples"]), dataset=str(last["dataset"]),
+        threads_per_process=int(last["threads"]),
         backend=last["backend"] if isinstance(last["backend"], str) else None,
         gpus=int(last["gpus"]), world_size=int(last["world_size"]),
         run_device=summary["hardware"]["device"])
+    summarise_repeats(run)
     return run
+
+
+def summarise_repeats(run):
+    """The run's figures over its repeats: medians, and how far its steady epochs spread."""
+    repeats = run["repeats"]
+    steady = sorted(x for r in repeats for x in r["steady_samples_per_s"])
+    median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731 - a middle value
+    run.update(
+        wall_s=median([r["wall_s"] for r in repeats]),
+        startup_s=median([r["startup_s"] for r in repeats]),
+        train_s=median([r["train_s"] for r in repeats]),
+        total_s=median([r["total_s"] for r in repeats]),
+        epoch_time_s=repeats[0]["epoch_time_s"], warmup_epochs=repeats[0]["warmup_epochs"],
+        samples_per_s=median(steady),
+        samples_per_s_range=[steady[0], steady[-1]],
+        spread=steady[-1] / steady[0],
+        reliable=steady[-1] / steady[0] <= RELIABLE_SPREAD,
+        test_accuracy=median([r["test_accuracy"] for r in repeats]))
+    run["steady_epoch_s"] = run["train_samples"] / run["samples_per_s"]
 
 
 def prepare_data(settings, echo=print):
@@ -213,27 +244,41 @@ def run_benchmark(configs, settings, out, runs_dir, overwrite=False, cpu_process
     runs = plan_runs(configs, settings, machine["gpu_count"], runs_dir, cpu_processes,
                      [gpu["name"] for gpu in machine["gpus"]])
     load_before = _load_average()
-    for number, run in enumerate(runs, 1):
-        header = f"[benchmark] {number}/{len(runs)} {run['config']}: {run['description']}"
+    for run in runs:
         if "skip" in run:
             run.update(status="skipped", reason=run.pop("skip"))
-            echo(f"{header}: skipped, {run['reason']}")
-            continue
-        echo(f"{header}, batch {run['batch_size_per_process']} per process "
-             f"(global {run['global_batch_size']})")
-        try:
-            measure(run, overwrite, settings["timeout_s"], echo)
-        except LaunchError as error:  # recorded, and the other configurations still run
-            run.update(status="failed", reason=str(error))
-            echo(f"[benchmark] {run['config']} failed: {error}")
-            continue
-        echo(f"[benchmark] {run['config']}: wall {run['wall_s']:.1f} s (start-up "
-             f"{run['startup_s']:.1f} s), {run['samples_per_s']:.0f} samples/s after warm-up, "
-             f"test accuracy {run['test_accuracy']:.3f}")
+            echo(f"[benchmark] {run['config']}: {run['description']}: skipped, {run['reason']}")
+    to_run = [run for run in runs if run.get("status") != "skipped"]
+    # Round after round, every configuration once per round: a burst of other work on the
+    # machine then slows one repeat of several configurations, not every repeat of one.
+    for repeat in range(1, settings["repeats"] + 1):
+        for run in to_run:
+            if run.get("status") == "failed":
+                continue
+            echo(f"[benchmark] round {repeat}/{settings['repeats']}, {run['config']}: "
+                 f"{run['description']}, batch {run['batch_size_per_process']} per process "
+                 f"(global {run['global_batch_size']})")
+            try:
+                measure(run, overwrite, settings["timeout_s"], echo)
+            except LaunchError as error:  # recorded, and the other configurations still run
+                run.update(status="failed", reason=str(error))
+                echo(f"[benchmark] {run['config']} failed: {error}")
+                continue
+            last = run["repeats"][-1]
+            echo(f"[benchmark] {run['config']}: wall {last['wall_s']:.1f} s (start-up "
+                 f"{last['startup_s']:.1f} s), steady epochs at "
+                 f"{', '.join(f'{x:.0f}' for x in last['steady_samples_per_s'])} samples/s, "
+                 f"test accuracy {last['test_accuracy']:.3f}")
+    for run in to_run:
+        if run.get("status") == "measured" and not run["reliable"]:
+            echo(f"[benchmark] {run['config']}: unreliable: its steady epochs ran at "
+                 f"{run['samples_per_s_range'][0]:.0f} to {run['samples_per_s_range'][1]:.0f} "
+                 f"samples/s, {run['spread']:.2f}x apart (more than {RELIABLE_SPREAD}x): other "
+                 "work was using the machine")
     results = {
         "schema": SCHEMA,
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "size": settings["size"], "data_note": data_note,
+        "size": settings["size"], "data_note": data_note, "reliable_spread": RELIABLE_SPREAD,
         "changed_from_size": changed,
         "settings": {**settings, "data_dir": _relative(settings["data_dir"])},
         "hardware": {**machine, "load_average_before": load_before,
@@ -285,14 +330,19 @@ def results_table(results):
                         "wall s": run["wall_s"], "startup s": run["startup_s"],
                         "epoch s (steady)": run["steady_epoch_s"],
                         "samples/s": run["samples_per_s"],
+                        "spread": run.get("spread", float("nan")),
+                        "reliable": run.get("reliable", True),
                         "test accuracy": run["test_accuracy"]})
         row["reason"] = run.get("reason", "")
         rows.append(row)
     table = pd.DataFrame(rows).set_index("config")
     for column in ("threads/process", "gpus", "wall s", "startup s", "epoch s (steady)",
-                   "samples/s", "test accuracy"):
+                   "samples/s", "spread", "test accuracy"):
         if column not in table:
             table[column] = float("nan")
+    if "reliable" not in table:
+        table["reliable"] = True
+    table["reliable"] = table["reliable"].fillna(True).astype(bool)
     measured = table["status"] == "measured"
 
     def baseline(config, column):
@@ -304,6 +354,11 @@ def results_table(results):
     table["x 1 GPU"] = baseline("gpu", "epoch s (steady)") / table["epoch s (steady)"]
     on_gpus = table.index.isin(["dp", "ddp"]) & (table["gpus"] > 1)
     table["efficiency"] = (table["x 1 GPU"] / table["gpus"]).where(on_gpus)
+    # A ratio is only as good as both of its speeds: where the row or a baseline it is
+    # divided by is unreliable, the ratio is labelled, not compared.
+    unreliable = set(table.index[measured & ~table["reliable"]])
+    table["ratios"] = ["unreliable" if {config, "cpu", "gpu"} & unreliable else "ok"
+                       for config in table.index]
     return table
 
 
@@ -344,7 +399,9 @@ def build_parser():
     p.add_argument("--data-dir", default=str(ROOT / "data"))
     p.add_argument("--cpu-processes", type=int, default=2,
                    help="DDP processes on a machine without a GPU (gloo)")
-    p.add_argument("--timeout-s", type=float, default=None, help="per configuration")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="runs of each configuration, interleaved (default: the size's)")
+    p.add_argument("--timeout-s", type=float, default=None, help="per configuration and run")
     return p
 
 
@@ -354,7 +411,8 @@ def settings_for(size, seed=0, data_dir=ROOT / "data", **overrides):
         raise UsageError(f"unknown size {size!r}: choose from {', '.join(SIZES)}")
     settings = {"size": size, **SIZES[size], "seed": seed, "data_dir": str(data_dir)}
     settings.update({k: v for k, v in overrides.items() if v is not None})
-    check_at_least_one(epochs=settings["epochs"], batch_size=settings["batch_size"])
+    check_at_least_one(epochs=settings["epochs"], batch_size=settings["batch_size"],
+                       repeats=settings["repeats"])
     return settings
 
 
@@ -364,7 +422,7 @@ def main():
     settings = settings_for(args.size, args.seed, args.data_dir, epochs=args.epochs,
                             batch_size=args.batch_size, dataset=args.dataset,
                             train_samples=args.train_samples, test_samples=args.test_samples,
-                            model=args.model, timeout_s=args.timeout_s)
+                            model=args.model, repeats=args.repeats, timeout_s=args.timeout_s)
     check_at_least_one(cpu_processes=args.cpu_processes)
     out = Path(args.out)
     if out.is_dir():
@@ -375,7 +433,8 @@ def main():
     runs_dir = Path(args.runs_dir or ROOT / "runs" / "benchmark" / out.stem)
     if not args.overwrite:  # checked before anything runs: no run replaces another's logs
         logs = (METRICS, CHECKPOINT)
-        held = [runs_dir / c for c in configs if any((runs_dir / c / f).exists() for f in logs)]
+        held = [runs_dir / c for c in configs
+                if any(path.name in logs for path in (runs_dir / c).rglob("*"))]
         if held:
             raise UsageError(f"{held[0]} already holds a run; pass --overwrite to replace it, "
                              "or choose another --runs-dir")

@@ -52,14 +52,20 @@ def test_smoke_writes_a_valid_results_file(smoke):
         if run["status"] == "skipped":
             assert run["reason"], run
             continue
-        assert run["wall_s"] > run["startup_s"] > 0
-        assert run["wall_s"] >= run["total_s"] >= run["train_s"] > 0
-        assert len(run["epoch_time_s"]) == results["settings"]["epochs"]
-        assert run["warmup_epochs"] == 1 and run["samples_per_s"] > 0
+        assert len(run["repeats"]) == results["settings"]["repeats"] == 2
+        for repeat in run["repeats"]:
+            assert repeat["wall_s"] > repeat["startup_s"] > 0
+            assert repeat["wall_s"] >= repeat["total_s"] >= repeat["train_s"] > 0
+            assert len(repeat["epoch_time_s"]) == results["settings"]["epochs"] == 3
+            assert repeat["warmup_epochs"] == 1 and len(repeat["steady_samples_per_s"]) == 2
+        low, high = run["samples_per_s_range"]
+        assert low <= run["samples_per_s"] <= high and run["spread"] == high / low
+        assert run["reliable"] == (run["spread"] <= results["reliable_spread"])
         assert 0 <= run["test_accuracy"] <= 1
         # The global batch is held fixed: N processes get global/N each.
         assert run["batch_size_per_process"] * run["processes"] == run["global_batch_size"]
-        assert (where / "runs" / run["config"] / SUMMARY).exists()
+        for repeat in (1, 2):
+            assert (where / "runs" / run["config"] / f"repeat-{repeat}" / SUMMARY).exists()
     assert runs["ddp"]["processes"] >= 2 or runs["ddp"]["status"] == "skipped"
 
 
@@ -75,6 +81,9 @@ def test_without_a_gpu_cpu_and_ddp_run_and_the_gpu_rows_say_why_not(smoke):
     table = results_table(load_results(smoke[0]))
     assert table.loc["cpu", "x CPU"] == 1.0
     assert table.loc["ddp", "x CPU"] > 0 and table["x 1 GPU"].isna().all()
+    # Interleaved: round 1 ran cpu then ddp, round 2 again, each in a directory of its own.
+    assert smoke[2].stdout.index("round 1/2, cpu") < smoke[2].stdout.index("round 1/2, ddp") \
+        < smoke[2].stdout.index("round 2/2, cpu") < smoke[2].stdout.index("round 2/2, ddp")
 
 
 @shares_smoke
@@ -202,11 +211,12 @@ def test_plan_uses_as_many_gpus_as_the_batch_splits_over():
 
 
 def test_table_computes_speed_ups_and_efficiency():
-    def measured(config, gpus, epoch_s):
+    def measured(config, gpus, epoch_s, reliable=True):
         return {"config": config, "status": "measured", "description": config, "processes": 1,
                 "batch_size_per_process": 64, "global_batch_size": 64,
                 "threads_per_process": 1, "gpus": gpus, "wall_s": 10 * epoch_s,
                 "startup_s": 1.0, "steady_epoch_s": epoch_s, "samples_per_s": 1 / epoch_s,
+                "spread": 1.1 if reliable else 3.0, "reliable": reliable,
                 "test_accuracy": 0.5}
     results = {"runs": [measured("cpu", 0, 8.0), measured("gpu", 1, 1.0),
                         measured("dp", 2, 0.8), measured("ddp", 2, 0.625)]}
@@ -215,6 +225,29 @@ def test_table_computes_speed_ups_and_efficiency():
     assert table.loc["dp", "efficiency"] == pytest.approx(0.625)
     assert table.loc["ddp", "efficiency"] == pytest.approx(0.8)
     assert table[["efficiency"]].loc[["cpu", "gpu"]].isna().all().all()
+    assert (table["ratios"] == "ok").all()
+    # An unreliable CPU row makes every ratio against it unreliable; an unreliable DP row
+    # only its own.
+    results["runs"][0] = measured("cpu", 0, 8.0, reliable=False)
+    assert (results_table(results)["ratios"] == "unreliable").all()
+    results["runs"][0], results["runs"][2] = measured("cpu", 0, 8.0), measured("dp", 2, 0.8, False)
+    assert list(results_table(results)["ratios"]) == ["ok", "ok", "unreliable", "ok"]
+
+
+def test_a_loaded_machine_is_labelled_unreliable():
+    """The artefact seen once in chapter 7: a CPU run slowed by other work, one steady epoch
+    at 193 samples/s, made DDP look 20x faster. Its repeats disagree, and it is labelled."""
+    from ddp_scripts.benchmark import RELIABLE_SPREAD, summarise_repeats
+    run = {"train_samples": 1024, "repeats": [
+        {"wall_s": 9.0, "startup_s": 5.0, "train_s": 3.0, "total_s": 8.5,
+         "epoch_time_s": [1.0, 5.3, 0.5], "warmup_epochs": 1,
+         "steady_samples_per_s": [193.0, 2048.0], "test_accuracy": 0.2},
+        {"wall_s": 8.0, "startup_s": 5.0, "train_s": 2.0, "total_s": 7.5,
+         "epoch_time_s": [1.0, 0.5, 0.5], "warmup_epochs": 1,
+         "steady_samples_per_s": [2000.0, 2100.0], "test_accuracy": 0.2}]}
+    summarise_repeats(run)
+    assert run["samples_per_s"] == 2048.0 and run["samples_per_s_range"] == [193.0, 2100.0]
+    assert run["spread"] > RELIABLE_SPREAD and not run["reliable"]
 
 
 def test_hardware_label_names_gpus_links_and_cores():
