@@ -357,7 +357,8 @@ def results_table(results):
     # A ratio is only as good as both of its speeds: where the row or a baseline it is
     # divided by is unreliable, the ratio is labelled, not compared.
     unreliable = set(table.index[measured & ~table["reliable"]])
-    table["ratios"] = ["unreliable" if {config, "cpu", "gpu"} & unreliable else "ok"
+    table["ratios"] = ["" if not measured[config]
+                       else "unreliable" if {config, "cpu", "gpu"} & unreliable else "ok"
                        for config in table.index]
     return table
 

@@ -232,6 +232,8 @@ def test_table_computes_speed_ups_and_efficiency():
     assert (results_table(results)["ratios"] == "unreliable").all()
     results["runs"][0], results["runs"][2] = measured("cpu", 0, 8.0), measured("dp", 2, 0.8, False)
     assert list(results_table(results)["ratios"]) == ["ok", "ok", "unreliable", "ok"]
+    results["runs"][1] = {**measured("gpu", 1, 1.0), "status": "skipped"}
+    assert results_table(results).loc["gpu", "ratios"] == ""
 
 
 def test_a_loaded_machine_is_labelled_unreliable():
