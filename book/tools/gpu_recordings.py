@@ -192,7 +192,7 @@ def box(run, entry, current_hash, multi_gpu):
                 f"<code>make gpu-check</code> on a GPU machine to record it again.</p>")
     else:
         head = (f'<p class="gpu-recording-label">Recorded on a GPU machine ({title}): what '
-                f"this cell printed there. The output above is this build's machine.</p>")
+                f"this cell printed there. Above it, what this build's machine printed.</p>")
     if multi_gpu and run.get("gpus", 0) < 2:
         head += ('<p class="gpu-recording-multi">No multi-GPU recording exists yet: this '
                  "recording has one GPU, and this cell shows its multi-GPU behaviour only "
