@@ -8,3 +8,20 @@
   // modules (and so the fonts found from their address) are under _static/offline/.
   window.require = {paths: {"@jupyter-widgets/html-manager": dist.replace(/\/$/, "")}};
 })();
+
+// ipywidgets typesets its labels with MathJax 2's API (MathJax.Hub.Queue); the site serves
+// MathJax 3, which has another. Where a page has both, translate the one call it makes. The
+// widgets render on the page's `load` event; MathJax (a deferred script) is there before.
+document.addEventListener("DOMContentLoaded", function () {
+  const mathjax = window.MathJax;
+  if (!mathjax || mathjax.Hub || !mathjax.startup) return;
+  mathjax.Hub = {
+    Queue: function (...commands) {
+      for (const [name, , element] of commands) {
+        if (name === "Typeset" && element) {
+          mathjax.startup.promise.then(() => mathjax.typesetPromise([element]));
+        }
+      }
+    },
+  };
+});
