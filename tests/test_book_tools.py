@@ -345,3 +345,21 @@ def test_headline_ratios_from_the_h200_results_file():
     assert lines[0].startswith("cpu: 21,641 samples/s")
     assert lines[1] == "gpu: 26,286 samples/s, 1.21x cpu"
     assert lines[2].startswith("dp: skipped (only one GPU")
+
+
+def test_the_label_comes_from_the_results_file_as_gpu_check_writes_it():
+    folder = next(r[0] for r in RECORDINGS if r[0].name == "2026-11-30-h200")
+    run = gpu_recordings.run_from_results(folder / "h200-full.json", "27a4f98")
+    assert run["hardware"] == ("1 x NVIDIA H200 (139.8 GiB), 16 CPU cores, driver 580.159.04, "
+                               "torch 2.11.0+cu130, CUDA 13.0")
+    assert (run["gpus"], run["date"]) == (1, "2026-11-30")
+    assert json.loads((folder / "run.json").read_text())["hardware"] == run["hardware"]
+    two = gpu_recordings.hardware_label([("NVIDIA H200", 139.8)] * 2, 32)
+    assert two == "2 x NVIDIA H200 (139.8 GiB), 32 CPU cores"
+
+
+def test_a_newer_recording_of_the_same_hardware_replaces_the_older():
+    old = (Path("results/gpu-runs/2026-11-30-h200"), {"hardware": "A"}, {})
+    new = (Path("results/gpu-runs/2026-12-24-1x-h200"), {"hardware": "A"}, {})
+    other = (Path("results/gpu-runs/2026-11-01-2x-a100"), {"hardware": "B"}, {})
+    assert gpu_recordings.latest_per_hardware([old, other, new]) == [other, new]

@@ -60,14 +60,17 @@ def describe_hardware():
     except OSError:
         pass
     info = {"cpu": cpu, "cores": os.cpu_count() or 1, "cuda": False, "gpus": [],
-            "torch": None, "cuda_version": None, "driver": None}
+            "memory_gib": [], "torch": None, "cuda_version": None, "driver": None}
     try:
         import torch
         info["torch"] = torch.__version__
         info["cuda_version"] = torch.version.cuda
         if torch.cuda.is_available():
             info["cuda"] = True
-            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            for i in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(i)
+                info["gpus"].append(props.name)
+                info["memory_gib"].append(round(props.total_memory / 2**30, 1))  # as benchmark.py
     except ImportError:
         pass
     if info["cuda"] and shutil.which("nvidia-smi"):
@@ -77,9 +80,9 @@ def describe_hardware():
     if info["gpus"]:
         model = re.sub(r"^NVIDIA\s+", "", info["gpus"][0])
         info["slug"] = f"{len(info['gpus'])}x-{slug(model)}"
-        info["label"] = (f"{len(info['gpus'])} x {info['gpus'][0]}, {info['cores']} CPU cores"
-                         + (f", driver {info['driver']}" if info["driver"] else "")
-                         + f", torch {info['torch']}, CUDA {info['cuda_version']}")
+        info["label"] = gpu_recordings.hardware_label(
+            list(zip(info["gpus"], info["memory_gib"])), info["cores"], info["driver"],
+            info["torch"], info["cuda_version"])
     else:
         info["slug"] = f"cpu-{info['cores']}core"
         info["label"] = f"{info['cores']} CPU cores ({cpu}), no CUDA GPU, torch {info['torch']}"

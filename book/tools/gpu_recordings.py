@@ -5,8 +5,10 @@ GPU branch prints what it would show. A recorded run (results/gpu-runs/<date>-<h
 holds what those cells printed when the notebooks ran on a GPU machine: written by
 `make gpu-check` (book/tools/gpu_check.py) from the executed notebooks, never by hand.
 
-    python book/tools/gpu_recordings.py record EXECUTED_DIR OUT_DIR --hardware ... --date ...
-        --commit ...       # write OUT_DIR/cells.json and OUT_DIR/run.json from executed notebooks
+    python book/tools/gpu_recordings.py record EXECUTED_DIR OUT_DIR --results RESULTS.json...
+        --commit C   # OUT_DIR/cells.json from the executed notebooks, OUT_DIR/run.json labelled
+                     # from the benchmark's results file (hardware, date), the results files
+                     # copied beside them without terminal escape codes
     python book/tools/gpu_recordings.py status   # every recording: current or stale, per cell
 
 Which cells depend on a GPU is said once, in the committed notebooks, by cell tags:
@@ -125,6 +127,42 @@ def write_recording(folder, run, cells):
     (folder / CELLS_FILE).write_text(json.dumps(cells, indent=1, ensure_ascii=False) + "\n")
 
 
+def hardware_label(gpus, cores, driver=None, torch=None, cuda=None):
+    """'1 x NVIDIA H200 (139.8 GiB), 16 CPU cores, driver 580.159.04, torch 2.11.0, CUDA 13.0'.
+
+    gpus: [(name, memory in GiB)]. gpu_check.py labels a run it makes the same way, so a newer
+    recording of the same hardware replaces an older one on the pages.
+    """
+    names = sorted({(name, memory) for name, memory in gpus})
+    parts = [", ".join(f"{sum(1 for g in gpus if tuple(g) == n)} x {n[0]} ({n[1]:.1f} GiB)"
+                       for n in names) or "no GPU", f"{cores} CPU cores"]
+    parts += [f"{what} {value}" for what, value in
+              (("driver", driver), ("torch", torch), ("CUDA", cuda)) if value]
+    return ", ".join(parts)
+
+
+def run_from_results(results_file, commit, note=""):
+    """run.json's contents from a benchmark results file: its hardware and the day it ran."""
+    data = json.loads(Path(results_file).read_text(encoding="utf-8"))
+    hardware = data["hardware"]
+    gpus = [(g["name"], g["memory_gib"]) for g in hardware.get("gpus", [])]
+    cores = hardware.get("cpu", {}).get("logical_cores")
+    return {"hardware": hardware_label(gpus, cores, hardware.get("driver"),
+                                       hardware.get("torch"), hardware.get("cuda")),
+            "gpus": len(gpus), "date": data["created"][:10], "commit": commit, "note": note}
+
+
+def latest_per_hardware(recordings):
+    """Of several recordings of the same hardware, the newest only (folders start with dates)."""
+    newest = {}
+    for recording in recordings:
+        folder, run, _ = recording
+        known = newest.get(run["hardware"])
+        if known is None or folder.name > known[0].name:
+            newest[run["hardware"]] = recording
+    return [r for r in recordings if newest[r[1]["hardware"]] is r]
+
+
 def load_recordings(root=RECORDINGS):
     """[(folder, run, cells)] for every recorded run, oldest first."""
     found = []
@@ -236,7 +274,7 @@ def annotate(notebook, name, recordings):
 
 def status(recordings=None, committed_dir=ROOT / "notebooks"):
     """Lines: every gpu-output cell of the committed notebooks against every recording."""
-    recordings = load_recordings() if recordings is None else recordings
+    recordings = latest_per_hardware(load_recordings() if recordings is None else recordings)
     lines, stale = [], 0
     for path in sorted(Path(committed_dir).glob("*.ipynb")):
         notebook = json.loads(path.read_text())
@@ -256,19 +294,22 @@ def main(argv=None):
     rec = commands.add_parser("record", help="write a recording from executed notebooks")
     rec.add_argument("executed_dir")
     rec.add_argument("out_dir")
-    rec.add_argument("--hardware", required=True, help="e.g. '1 x NVIDIA H200, 16 CPU cores'")
-    rec.add_argument("--gpus", type=int, required=True, help="how many GPUs the run used")
-    rec.add_argument("--date", required=True)
-    rec.add_argument("--commit", required=True)
+    rec.add_argument("--results", nargs="+", required=True,
+                     help="the benchmark's results files of the same run; the first one "
+                          "gives the hardware and the date")
+    rec.add_argument("--commit", required=True, help="the commit the run executed")
     rec.add_argument("--note", default="", help="anything else a reader should know")
     commands.add_parser("status", help="which recordings are stale")
     args = parser.parse_args(argv)
     if args.command == "record":
         cells = record(args.executed_dir)
-        run = {"hardware": args.hardware, "gpus": args.gpus, "date": args.date,
-               "commit": args.commit, "note": args.note}
+        run = run_from_results(args.results[0], args.commit, args.note)
         write_recording(args.out_dir, run, cells)
-        print(f"recorded {sum(map(len, cells.values()))} cells into {args.out_dir}")
+        for results in args.results:
+            removed = clean_results_file(results, Path(args.out_dir) / Path(results).name)
+            print(f"{Path(results).name}: {removed} terminal escape codes removed")
+        print(f"recorded {sum(map(len, cells.values()))} cells into {args.out_dir}: "
+              f"{label(run)}")
         return 0
     lines, stale = status()
     print("\n".join(lines))
