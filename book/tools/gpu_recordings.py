@@ -257,9 +257,8 @@ def annotate(notebook, name, recordings):
             boxes.append(shown)
             if stale:
                 why = "not recorded" if entry is None else "its code changed since"
-                where = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
                 stale_lines.append(f"stale GPU recording: {name} cell {cell.get('id')} in "
-                                   f"{where} ({why})")
+                                   f"results/gpu-runs/{folder.name} ({why})")
         if not recordings:
             note = "No GPU recording exists yet." + (
                 " No multi-GPU recording exists yet either." if multi_gpu else "")
