@@ -66,12 +66,20 @@ def browser():
 def page(browser):
     """A fresh tab; JavaScript errors on the page are collected in page.errors.
 
-    Requests that leave the local server (a CDN's MathJax, say) are refused: the tests
-    check the site as built, offline and the same every time.
+    Requests that leave the local server (a CDN's MathJax, say) are refused, and listed in
+    page.blocked: the tests check the site as built, offline and the same every time. Local
+    requests that fail (a missing font, say) are listed in page.failed.
     """
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.route(re.compile(r"^(?!http://127\.0\.0\.1[:/]).*"), lambda route: route.abort())
     tab = context.new_page()
+    tab.blocked, tab.failed = [], []   # requests to outside the site; local ones that failed
+
+    def refuse(route):
+        tab.blocked.append(route.request.url)
+        route.abort()
+    context.route(re.compile(r"^(?!http://127\.0\.0\.1[:/]).*"), refuse)
+    tab.on("response", lambda response: response.status >= 400
+           and tab.failed.append(f"{response.status} {response.url}"))
     tab.errors = []
     tab.on("pageerror", lambda error: str(error) in KNOWN_HARMLESS_ERRORS
            or tab.errors.append(str(error)))

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from book_files import HTML, chapters, toc_entries
+from book_files import HTML, chapters, site_config, toc_entries
 
 CHAPTERS = chapters()
 CHAPTER_IDS = [path.stem for path, _ in CHAPTERS]
@@ -70,7 +70,12 @@ def test_chapter_renders_with_navigation_code_figures_and_solutions(page, server
     # Launch and download buttons, as a reader opens them.
     page.locator(".dropdown-launch-buttons button.dropdown-toggle").click()
     page.locator(".dropdown-launch-buttons a:has-text('Colab')").wait_for(state="visible")
-    page.locator(".dropdown-launch-buttons a:has-text('JupyterHub')").wait_for(state="visible")
+    hub = site_config()["launch_buttons"].get("jupyterhub_url")
+    hub_button = page.locator(".dropdown-launch-buttons a:has-text('JupyterHub')")
+    if hub:
+        hub_button.wait_for(state="visible")
+    else:
+        assert hub_button.count() == 0, "a JupyterHub button, but no hub is configured"
     page.keyboard.press("Escape")
     page.locator(".dropdown-download-buttons button.dropdown-toggle").click()
     page.locator(".dropdown-download-buttons a:has-text('.ipynb')").wait_for(state="visible")
@@ -106,3 +111,126 @@ def test_front_matter_page_renders(page, server, screenshots, name):
         assert page.locator("article button.copybtn").count() > 0
     page.screenshot(path=str(screenshots / f"book-{name}.png"))
     assert not page.errors, page.errors
+
+
+VISIBLE_SEARCH = """() => Array.from(document.querySelectorAll(
+    '.search-button__button, form.bd-search input, input[type=search]'))
+    .filter(e => e.offsetParent !== null && e.getBoundingClientRect().width > 0)
+    .map(e => e.className)"""
+
+
+def test_chapter_1_menu_renders_offline(page, server, screenshots):
+    """The device menu: an ipywidgets Dropdown, drawn by the widget JavaScript the site serves."""
+    open_page(page, f"{server}/notebooks/01_devices.html")
+    menu = page.locator("article .widget-dropdown select").first
+    menu.wait_for(state="visible")
+    options = menu.locator("option").all_inner_texts()
+    assert any(option.strip() == "cpu" for option in options), options
+    assert "Device:" in page.locator("article .widget-dropdown").first.inner_text()
+    menu.scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshots / "offline-ch01-menu.png"))
+    assert not page.blocked, f"requests to outside the site: {page.blocked}"
+    assert not page.failed, page.failed
+    assert not page.errors, page.errors
+
+
+def test_chapter_7_form_and_formulas_render_offline(page, server, screenshots):
+    open_page(page, f"{server}/notebooks/07_experiment.html")
+    configs = page.locator("article .widget-select-multiple select").first
+    configs.wait_for(state="visible")
+    assert {"cpu", "gpu", "dp", "ddp"} <= {o.strip() for o in
+                                           configs.locator("option").all_inner_texts()}
+    page.locator("article .widget-button:has-text('Run')").first.wait_for(state="visible")
+    assert page.locator("article .widget-dropdown select").count() >= 1      # size
+    configs.scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshots / "offline-ch07-form.png"))
+    check_formulas(page)
+    assert not page.blocked, f"requests to outside the site: {page.blocked}"
+    assert not page.failed, page.failed
+    assert not page.errors, page.errors
+
+
+def check_formulas(page):
+    """Every formula typeset by MathJax (served by the site); no raw TeX left on the page."""
+    formulas = page.locator("article .math")
+    count = formulas.count()
+    assert count > 0, "no formula on this page"
+    page.wait_for_function(f"document.querySelectorAll('article mjx-container').length >= {count}")
+    article = page.locator("article").inner_text()
+    assert "\\(" not in article and "\\[" not in article, "raw TeX on the page"
+
+
+@pytest.mark.parametrize("name", ["book/intro", "book/instructor-guide"])
+def test_formulas_render_offline_on_the_front_matter(page, server, name):
+    open_page(page, f"{server}/{name}.html")
+    check_formulas(page)
+    assert not page.blocked, f"requests to outside the site: {page.blocked}"
+    assert not page.failed, page.failed
+
+
+@pytest.mark.parametrize("width", [1280, 600])
+def test_one_search_box(page, server, width):
+    page.set_viewport_size({"width": width, "height": 900})
+    open_page(page, f"{server}/notebooks/02_tensors_and_models.html")
+    visible = page.evaluate(VISIBLE_SEARCH)
+    assert len(visible) == 1, f"{width} px wide: {len(visible)} search controls: {visible}"
+
+
+def test_setup_cell_collapsed_with_its_code_one_click_away(page, server):
+    open_page(page, f"{server}/notebooks/03_choosing_gpus.html")
+    setup = page.locator("article div.cell.tag_hide-input").first
+    code = setup.locator("div.cell_input")
+    assert "REPOSITORY = " in code.text_content()   # in the page, and
+    assert not code.is_visible(), "the set-up cell's code is shown before it is asked for"
+    setup.locator("summary").first.click()
+    code.wait_for(state="visible")
+
+
+CUT_OFF = """() => Array.from(document.querySelectorAll('article div.cell_output pre'))
+    .filter(pre => pre.offsetParent !== null && pre.scrollWidth > pre.clientWidth + 1)
+    .map(pre => pre.innerText.slice(0, 80))"""
+WIDE_TABLES = """() => Array.from(document.querySelectorAll('article div.cell_output table'))
+    .filter(t => t.offsetParent !== null)
+    .map(t => {
+        const article = document.querySelector('article');
+        let box = t.parentElement, scrolls = false;
+        while (box && box !== article) {   // a box of its own that scrolls sideways
+            scrolls = scrolls || (['auto', 'scroll'].includes(getComputedStyle(box).overflowX)
+                && box.getBoundingClientRect().right <= article.getBoundingClientRect().right + 1);
+            box = box.parentElement;
+        }
+        return {scrolls: scrolls,
+                fits: t.getBoundingClientRect().right <= article.getBoundingClientRect().right + 1,
+                text: t.innerText.slice(0, 60)};
+    })"""
+
+
+@pytest.mark.parametrize("stem", ["05_distributed_data_parallel", "07_experiment"])
+def test_printed_output_wraps_and_tables_scroll_in_their_own_box(page, server, stem):
+    page.set_viewport_size({"width": 1024, "height": 900})
+    open_page(page, f"{server}/notebooks/{stem}.html")
+    assert page.evaluate(CUT_OFF) == [], "printed lines run past their box"
+    tables = page.evaluate(WIDE_TABLES)
+    assert tables, "no table on this page"
+    unreachable = [t["text"] for t in tables if not (t["fits"] or t["scrolls"])]
+    assert not unreachable, f"tables cut off, with no scroll bar: {unreachable}"
+
+
+def test_launcher_output_is_one_block_per_cell(page, server):
+    open_page(page, f"{server}/notebooks/05_distributed_data_parallel.html")
+    per_cell = page.evaluate("""() => Array.from(document.querySelectorAll('article div.cell'))
+        .map(cell => cell.querySelectorAll(':scope > div.cell_output > div.output.stream').length)""")
+    assert max(per_cell) >= 1
+    adjacent = page.evaluate("""() => Array.from(document.querySelectorAll(
+        'article div.cell_output > div.output.stream + div.output.stream')).length""")
+    assert adjacent == 0, "consecutive stream outputs shown as separate boxes"
+
+
+def test_recorded_gpu_output_is_shown_beside_the_build_machine_output(page, server, screenshots):
+    open_page(page, f"{server}/notebooks/02_tensors_and_models.html")
+    recorded = page.locator("article div.cell.tag_gpu-output div.gpu-recording")
+    assert recorded.count() >= 10
+    box = page.locator("article div.gpu-recording:has-text('pinned, .to(device)')").first
+    box.scroll_into_view_if_needed()
+    assert "Recorded on a GPU machine" in box.inner_text() and "H200" in box.inner_text()
+    box.screenshot(path=str(screenshots / "gpu-recording-ch02.png"))

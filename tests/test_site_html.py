@@ -1,11 +1,18 @@
 """The built site, read as files: pages, links, images, launch and download buttons."""
+import html
 import re
+import sys
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
-from book_files import (HTML, ROOT, TIMINGS, Page, cell_source, chapters, load_notebook,
-                        page_for, site_config, toc_entries)
+from book_files import (BUILT_SOURCES, HTML, ROOT, TIMINGS, Page, cell_source, chapters,
+                        config, load_notebook, page_for, site_config, toc_entries)
+
+sys.path.insert(0, str(ROOT / "book" / "tools"))
+import gpu_recordings  # noqa: E402
+import offline_assets  # noqa: E402
 
 CHAPTERS = chapters()
 CHAPTER_IDS = [path.stem for path, _ in CHAPTERS]
@@ -95,11 +102,17 @@ def test_every_colab_link_names_a_notebook_that_exists(pages):
 
 
 def test_jupyterhub_button_pulls_the_repository_and_opens_this_notebook(chapter_page):
+    """Only where a hub address is configured; without one, no button leads nowhere."""
     path, _, page = chapter_page
     config = site_config()
-    hub = config["launch_buttons"]["jupyterhub_url"].rstrip("/")
-    links = [href for href in page.links if href.startswith(hub + "/hub/user-redirect/git-pull?")]
-    assert len(links) == 1, f"{page.path.name}: no JupyterHub button for {hub}"
+    hub = (config["launch_buttons"].get("jupyterhub_url") or "").rstrip("/")
+    pulls = [href for href in page.links if "/hub/user-redirect/git-pull?" in href]
+    if not hub:
+        assert not pulls, f"{page.path.name}: a JupyterHub button with no hub configured: {pulls}"
+        assert "jupyterhub" not in page.path.read_text(encoding="utf-8").lower()
+        return
+    links = [href for href in pulls if href.startswith(hub + "/hub/user-redirect/git-pull?")]
+    assert len(links) == 1 == len(pulls), f"{page.path.name}: no JupyterHub button for {hub}"
     query = parse_qs(urlsplit(links[0]).query)
     repo_url = config["repository"]["url"]
     prefix = {"jupyterlab": "lab/tree", "classic": "tree"}[
@@ -108,6 +121,11 @@ def test_jupyterhub_button_pulls_the_repository_and_opens_this_notebook(chapter_
     assert query["branch"] == [config["repository"]["branch"]]
     assert query["urlpath"] == [f"{prefix}/{repo_url.rstrip('/').rsplit('/', 1)[-1]}"
                                 f"/notebooks/{path.name}"]
+
+
+def test_committed_config_has_no_placeholder_hub():
+    hub = config()["launch_buttons"].get("jupyterhub_url") or ""
+    assert "example" not in hub, f"a placeholder hub address leads nowhere: {hub}"
 
 
 def test_download_button_offers_the_executed_notebook(chapter_page):
@@ -154,3 +172,115 @@ def test_front_matter_pages_exist(site):
     for name in ("intro", "how-to-run", "instructor-guide", "cheat-sheet", "glossary",
                  "execution-times"):
         assert (site / "book" / f"{name}.html").exists(), name
+
+
+def test_pages_load_no_script_or_stylesheet_from_outside(pages):
+    """Every script and stylesheet comes from the site: it renders the same offline."""
+    outside = []
+    for path, page in pages.items():
+        for tag, attrs in page.elements:
+            url = attrs.get("src") if tag == "script" else (
+                attrs.get("href") if tag == "link" and "stylesheet" in (attrs.get("rel") or "")
+                else None)
+            if url and not internal(url):
+                outside.append(f"{path.relative_to(HTML)}: {url}")
+    assert not outside, "loaded from outside the site:\n" + "\n".join(outside[:20])
+
+
+def scripts(page):
+    return [attrs.get("src", "").split("?")[0] for tag, attrs in page.elements
+            if tag == "script" and attrs.get("src")]
+
+
+def test_widgets_and_mathjax_come_from_the_site_at_pinned_versions(pages, site):
+    widget_pages = [p for p in pages if "application/vnd.jupyter.widget-state+json"
+                    in p.read_text(encoding="utf-8")]
+    assert {p.name for p in widget_pages} >= {"01_devices.html", "07_experiment.html"}
+    for path in widget_pages:
+        loaded = scripts(pages[path])
+        for wanted in ("offline/requirejs/require.js", "offline/html-manager/dist/embed-amd.js"):
+            assert any(src.endswith("_static/" + wanted) for src in loaded), (path.name, wanted)
+            assert (site / "_static" / wanted).exists(), wanted
+    math_pages = [p for p in pages if '<span class="math' in p.read_text(encoding="utf-8")
+                  or '<div class="math' in p.read_text(encoding="utf-8")]
+    assert math_pages, "no page with formulas"
+    for path in math_pages:
+        assert any(src.endswith("_static/offline/mathjax/es5/tex-mml-chtml.js")
+                   for src in scripts(pages[path])), path.name
+    for name, (version, _, _) in offline_assets.PACKAGES.items():
+        stamp = site / "_static" / offline_assets.FOLDERS[name] / "VERSION"
+        assert stamp.read_text().startswith(f"{name}@{version} "), stamp
+
+
+def test_setup_cell_is_collapsed_with_its_code_one_click_away(chapter_page):
+    _, _, page = chapter_page
+    cells = [attrs["class"].split() for tag, attrs in page.elements if tag == "div"
+             and "cell" in (attrs.get("class") or "").split()
+             and "tag_gpu-output" not in attrs["class"]]
+    code_cells = [c for c in cells if "docutils" in c or "container" in c]
+    assert code_cells and "tag_hide-input" in code_cells[0], code_cells[:1]
+
+
+def recorded_text(entry):
+    """The first line a recorded cell printed, as it appears (escaped) in the page's HTML."""
+    for output in entry["outputs"]:
+        data = output.get("data", {})
+        if "image/png" in data:
+            continue
+        table = cell_source({"source": data.get("text/html", "")})
+        if "<table" in table:   # shown as the table itself: its first cell
+            return re.search(r"<td>(.*?)</td>", table, re.S).group(1).strip()
+        text = gpu_recordings.text_of(output)
+        for line in text.splitlines():
+            if line.strip() and "<" not in line:
+                return html.escape(line.strip())
+    return None
+
+
+@pytest.mark.parametrize("path_number", [c for c in CHAPTERS if c[1] <= 7],
+                         ids=[p.stem for p, n in CHAPTERS if n <= 7])
+def test_gpu_cells_show_the_recorded_gpu_output_labelled(path_number):
+    path, _ = path_number
+    text = page_for(f"notebooks/{path.stem}").read_text(encoding="utf-8")
+    built = load_notebook(BUILT_SOURCES / "notebooks" / path.name)
+    cells = gpu_recordings.gpu_cells(built)
+    recordings = gpu_recordings.latest_per_hardware(gpu_recordings.load_recordings())
+    assert cells and recordings
+    assert text.count('class="gpu-recording ') == len(cells) * len(recordings)
+    for _, run, recorded in recordings:
+        label = html.escape(gpu_recordings.label(run), quote=False)
+        assert text.count(label) == len(cells), f"{path.name}: not every cell labelled {label}"
+        for cell in cells:
+            entry = recorded.get(path.name, {}).get(cell["id"])
+            current = entry and entry["source_sha256"] == gpu_recordings.source_hash(
+                cell_source(cell))
+            if current and recorded_text(entry):
+                assert recorded_text(entry) in text, (path.name, cell["id"])
+    stale = [c["id"] for c in cells for _, _, rec in recordings
+             if (rec.get(path.name, {}).get(c["id"]) or {}).get("source_sha256")
+             != gpu_recordings.source_hash(cell_source(c))]
+    assert text.count("gpu-recording-stale") == len(stale), (path.name, stale)
+    multi = [c for c in cells if gpu_recordings.MULTI_GPU_TAG in c["metadata"]["tags"]]
+    if not any(run["gpus"] >= 2 for _, run, _ in recordings):
+        assert text.count("No multi-GPU recording exists yet") == len(multi) * len(recordings)
+
+
+def machine_strings():
+    venv = Path(sys.prefix)
+    found = {str(ROOT), str(ROOT.resolve()), str(venv), str(venv.resolve()),
+             str(Path(sys.base_prefix).resolve()), str(Path.home()) + "/"}
+    return sorted(s for s in found if len(s) > 2)
+
+
+def test_no_path_of_the_build_machine_on_any_page_or_downloadable_notebook(site):
+    files = [p for p in site.rglob("*.html") if "_static" not in p.parts]
+    files += list((site / "_sources" / "notebooks").glob("*.ipynb"))
+    leaks = [f"{path.relative_to(site)}: {private}" for path in files
+             for private in machine_strings() if private in path.read_text(encoding="utf-8")]
+    assert not leaks, "the build machine's paths are on the pages:\n" + "\n".join(leaks[:20])
+
+
+def test_stray_process_demo_lists_only_its_own_run(site):
+    text = (site / "notebooks" / "08_troubleshooting.html").read_text(encoding="utf-8")
+    assert "processes of the run above still running: 0" in text
+    assert "psutil.Process(" not in text

@@ -12,7 +12,14 @@
    JUPYTERHUB_URL, when set, replaces launch_buttons.jupyterhub_url in the copy's _config.yml.
 2. pytest --nbmake --overwrite executes each notebook there, one after the other (several
    of them time things, and must not share the cores with another notebook).
-3. The execution-times page is written from nbmake's timings.
+3. The execution-times page is written from nbmake's timings, and the executed copies are
+   made ready for the page (book/tools/page_outputs.py): consecutive stream outputs of one
+   name become one block, the build machine's paths and name are taken out of the outputs,
+   and every cell tagged `gpu-output` gets the output recorded on GPU machines
+   (results/gpu-runs/, book/tools/gpu_recordings.py), labelled, and marked stale where the
+   cell's code changed since; stale recordings are also listed in the build's output.
+   The site's JavaScript (widgets, require.js, MathJax) is unpacked into the copy from the
+   pinned npm packages of book/tools/offline_assets.py, so the pages need no CDN.
 4. jupyter-book renders _build/src with execution off (the outputs are already in), from
    scratch, and fails on any warning. The site lands in _build/html; its downloadable
    notebooks (the executed copies) get their numbered titles back.
@@ -29,6 +36,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import offline_assets  # noqa: E402
+import page_outputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "_build"
@@ -73,6 +84,12 @@ def stage(notebooks=True):
     hub = jupyterhub_url()
     if hub:
         set_jupyterhub_url(SRC / "_config.yml", hub)
+    try:
+        versions = offline_assets.install(SRC / "_assets")
+    except offline_assets.AssetError as error:
+        raise BuildError(str(error)) from None
+    print("Served from the site: " + ", ".join(f"{name}@{version}"
+                                               for name, version in versions.items()), flush=True)
 
 
 def prepare_for_the_book(notebook):
@@ -204,6 +221,7 @@ def main():
         print(f"error: {error}", file=sys.stderr)
         return 2
     write_execution_times()
+    page_outputs.prepare(sorted((SRC / "notebooks").glob("*.ipynb")), build_copy=SRC)
     return render()
 
 

@@ -4,16 +4,33 @@
     python book/tools/sync_setup_cell.py --check   # only list them (exit status 1 if any)
 
 Run it after changing setup_cell.py (the repository address, say). Only that one cell is
-touched; outputs stay as they were (the committed notebooks have none).
+touched; outputs stay as they were (the committed notebooks have none). The cell carries the
+tag `hide-input`: on the book's pages it is collapsed, its code one click away, since it is
+the same plumbing at the top of every chapter. The file keeps its JSON layout (indent,
+escaped or plain non-ASCII characters), so a diff shows only the change.
 """
 import argparse
+import json
 import sys
 from pathlib import Path
 
-import nbformat
-
 ROOT = Path(__file__).resolve().parents[2]
 SETUP_CELL = ROOT / "book" / "tools" / "setup_cell.py"
+SETUP_TAG = "hide-input"
+
+
+def read_notebook(path):
+    """(notebook as a dict, a function that writes it back in the file's own JSON layout)."""
+    text = Path(path).read_text(encoding="utf-8")
+    notebook = json.loads(text)
+    layouts = [dict(indent=indent, ensure_ascii=ascii_only)
+               for indent in (1, 2) for ascii_only in (True, False)]
+    layout = next((lay for lay in layouts if json.dumps(notebook, **lay) + "\n" == text),
+                  dict(indent=1, ensure_ascii=False))   # nbformat's own
+
+    def write(data):
+        Path(path).write_text(json.dumps(data, **layout) + "\n", encoding="utf-8")
+    return notebook, write
 
 
 def setup_source():
@@ -33,20 +50,25 @@ def main(argv=None):
     differing = []
     for path in map(Path, args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))):
         try:
-            notebook = nbformat.read(path, as_version=nbformat.NO_CONVERT)
-        except (OSError, ValueError, nbformat.reader.NotJSONError) as error:
+            notebook, write = read_notebook(path)
+        except (OSError, ValueError) as error:
             print(f"error: cannot read {path}: {error}", file=sys.stderr)
             return 2
         cell = first_code_cell(notebook)
         if cell is None:
             print(f"error: {path} has no code cell", file=sys.stderr)
             return 2
-        if "".join(cell["source"]).rstrip("\n") == wanted:
+        source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        tags = cell.setdefault("metadata", {}).get("tags", [])
+        if source.rstrip("\n") == wanted and SETUP_TAG in tags:
             continue
         differing.append(path)
         if not args.check:
-            cell["source"] = wanted
-            nbformat.write(notebook, path)
+            if source.rstrip("\n") != wanted:
+                cell["source"] = wanted.splitlines(keepends=True)
+            if SETUP_TAG not in tags:
+                cell["metadata"]["tags"] = [*tags, SETUP_TAG]
+            write(notebook)
     for path in differing:
         print(f"{'differs' if args.check else 'updated'}: {path}")
     return 1 if (args.check and differing) else 0

@@ -1,0 +1,319 @@
+"""Recorded GPU runs: what the GPU-dependent cells printed on a real GPU machine.
+
+The book is built on whatever machine runs `make book`, often one without a GPU, where every
+GPU branch prints what it would show. A recorded run (results/gpu-runs/<date>-<hardware>/)
+holds what those cells printed when the notebooks ran on a GPU machine: written by
+`make gpu-check` (book/tools/gpu_check.py) from the executed notebooks, never by hand.
+
+    python book/tools/gpu_recordings.py record EXECUTED_DIR OUT_DIR --results RESULTS.json...
+        --commit C   # OUT_DIR/cells.json from the executed notebooks, OUT_DIR/run.json labelled
+                     # from the benchmark's results file (hardware, date), the results files
+                     # copied beside them without terminal escape codes
+    python book/tools/gpu_recordings.py status   # every recording: current or stale, per cell
+
+Which cells depend on a GPU is said once, in the committed notebooks, by cell tags:
+`gpu-output` (its output differs on a GPU machine) and, with it, `multi-gpu` (what it shows
+needs two or more GPUs). A recording keeps, for each tagged cell (found by its cell id), a
+hash of the source that ran and the outputs as nbformat wrote them. At build time
+(book/tools/build.py) every tagged cell gets, after its own outputs, one labelled box per
+recording; a recording whose source hash differs from the cell's source now is marked stale
+on the page and in the build's output, never shown as current.
+"""
+import argparse
+import base64
+import copy
+import hashlib
+import html
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDINGS = ROOT / "results" / "gpu-runs"
+CELLS_FILE = "cells.json"
+RUN_FILE = "run.json"
+GPU_TAG = "gpu-output"
+MULTI_GPU_TAG = "multi-gpu"
+MARKER = "gpu_recording"     # metadata key of the outputs this module adds to a cell
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def source_of(cell):
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def source_hash(source):
+    """sha256 of a cell's code, blind to trailing spaces and the final newline."""
+    lines = [line.rstrip() for line in source.replace("\r\n", "\n").strip("\n").split("\n")]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def tags_of(cell):
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def gpu_cells(notebook):
+    """The code cells tagged gpu-output, in order."""
+    return [cell for cell in notebook["cells"]
+            if cell["cell_type"] == "code" and GPU_TAG in tags_of(cell)]
+
+
+def merge_streams(outputs):
+    """Consecutive stream outputs of the same name (stdout, stderr) as one output."""
+    merged = []
+    for output in outputs:
+        previous = merged[-1] if merged else None
+        if (output.get("output_type") == "stream" and previous is not None
+                and previous.get("output_type") == "stream"
+                and previous.get("name") == output.get("name")):
+            previous["text"] = source_of({"source": previous["text"]}) + source_of(
+                {"source": output["text"]})
+        else:
+            merged.append(copy.deepcopy(output))
+    return merged
+
+
+def record(executed_dir, committed_dir=ROOT / "notebooks"):
+    """{notebook name: {cell id: {...}}} for every gpu-output cell, from executed notebooks.
+
+    The tags come from the committed notebooks (they say which cells depend on a GPU); the
+    source hash and the outputs from the executed ones (what ran, and what it printed).
+    """
+    cells = {}
+    for committed in sorted(Path(committed_dir).glob("*.ipynb")):
+        wanted = gpu_cells(json.loads(committed.read_text()))
+        if not wanted:
+            continue
+        executed_path = Path(executed_dir) / committed.name
+        if not executed_path.exists():
+            continue
+        executed = {cell.get("id"): cell for cell in json.loads(executed_path.read_text())["cells"]}
+        entries = {}
+        for cell in wanted:
+            ran = executed.get(cell.get("id"))
+            if ran is None:
+                continue
+            outputs = [o for o in merge_streams(ran.get("outputs", []))
+                       if MARKER not in o.get("metadata", {})]
+            entries[cell["id"]] = {"source_sha256": source_hash(source_of(ran)),
+                                   "execution_count": ran.get("execution_count"),
+                                   "outputs": outputs}
+        cells[committed.name] = entries
+    return cells
+
+
+ESCAPED_ANSI = re.compile(r"\\u001b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def clean_results_file(source, target):
+    """Copy a results file, with terminal escape codes (as JSON writes them) taken out.
+
+    `nvidia-smi topo -m` underlines its header with escape codes, and the benchmark stores
+    its output as it came; on a page they are noise. Everything else stays byte for byte.
+    Returns how many escape codes were removed.
+    """
+    text = Path(source).read_text(encoding="utf-8")
+    cleaned, count = ESCAPED_ANSI.subn("", text)
+    Path(target).write_text(cleaned, encoding="utf-8")
+    return count
+
+
+def write_recording(folder, run, cells):
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / RUN_FILE).write_text(json.dumps(run, indent=1, ensure_ascii=False) + "\n")
+    (folder / CELLS_FILE).write_text(json.dumps(cells, indent=1, ensure_ascii=False) + "\n")
+
+
+def hardware_label(gpus, cores, driver=None, torch=None, cuda=None):
+    """'1 x NVIDIA H200 (139.8 GiB), 16 CPU cores, driver 580.159.04, torch 2.11.0, CUDA 13.0'.
+
+    gpus: [(name, memory in GiB)]. gpu_check.py labels a run it makes the same way, so a newer
+    recording of the same hardware replaces an older one on the pages.
+    """
+    names = sorted({(name, memory) for name, memory in gpus})
+    parts = [", ".join(f"{sum(1 for g in gpus if tuple(g) == n)} x {n[0]} ({n[1]:.1f} GiB)"
+                       for n in names) or "no GPU", f"{cores} CPU cores"]
+    parts += [f"{what} {value}" for what, value in
+              (("driver", driver), ("torch", torch), ("CUDA", cuda)) if value]
+    return ", ".join(parts)
+
+
+def run_from_results(results_file, commit, note=""):
+    """run.json's contents from a benchmark results file: its hardware and the day it ran."""
+    data = json.loads(Path(results_file).read_text(encoding="utf-8"))
+    hardware = data["hardware"]
+    gpus = [(g["name"], g["memory_gib"]) for g in hardware.get("gpus", [])]
+    cores = hardware.get("cpu", {}).get("logical_cores")
+    return {"hardware": hardware_label(gpus, cores, hardware.get("driver"),
+                                       hardware.get("torch"), hardware.get("cuda")),
+            "gpus": len(gpus), "date": data["created"][:10], "commit": commit, "note": note}
+
+
+def latest_per_hardware(recordings):
+    """Of several recordings of the same hardware, the newest only (folders start with dates)."""
+    newest = {}
+    for recording in recordings:
+        folder, run, _ = recording
+        known = newest.get(run["hardware"])
+        if known is None or folder.name > known[0].name:
+            newest[run["hardware"]] = recording
+    return [r for r in recordings if newest[r[1]["hardware"]] is r]
+
+
+def load_recordings(root=RECORDINGS):
+    """[(folder, run, cells)] for every recorded run, oldest first."""
+    found = []
+    for folder in sorted(Path(root).glob("*")):
+        if (folder / RUN_FILE).exists() and (folder / CELLS_FILE).exists():
+            found.append((folder, json.loads((folder / RUN_FILE).read_text()),
+                          json.loads((folder / CELLS_FILE).read_text())))
+    return found
+
+
+def label(run):
+    """'1 x NVIDIA H200, 16 CPU cores; 2026-11-30; commit 27a4f98'."""
+    return f"{run['hardware']}; {run['date']}; commit {run['commit']}"
+
+
+def text_of(output):
+    """What a reader sees of one output, as text (images and HTML handled by the caller)."""
+    kind = output.get("output_type")
+    if kind == "stream":
+        return ANSI.sub("", source_of({"source": output.get("text", "")}))
+    if kind == "error":
+        return f"{output.get('ename')}: {ANSI.sub('', output.get('evalue', ''))}\n"
+    data = output.get("data", {})
+    return ANSI.sub("", source_of({"source": data.get("text/plain", "")})) + "\n"
+
+
+def outputs_html(outputs):
+    parts, text = [], []
+
+    def flush():
+        if text:
+            parts.append(f"<pre>{html.escape(''.join(text))}</pre>")
+            text.clear()
+
+    for output in outputs:
+        data = output.get("data", {})
+        if "image/png" in data:
+            flush()
+            png = source_of({"source": data["image/png"]}).replace("\n", "")
+            base64.b64decode(png, validate=True)   # a record is data, never markup
+            parts.append(f'<img alt="recorded figure" src="data:image/png;base64,{png}"/>')
+        elif "text/html" in data and "<table" in source_of({"source": data["text/html"]}):
+            flush()  # a DataFrame, as pandas wrote it on the GPU machine
+            table = source_of({"source": data["text/html"]})
+            parts.append(f'<div class="gpu-recording-table">{table}</div>')
+        else:
+            text.append(text_of(output))
+    flush()
+    return "".join(parts) or "<p><em>(no output)</em></p>"
+
+
+def box(run, entry, current_hash, multi_gpu):
+    """The HTML shown after a cell for one recorded run, and whether it is stale."""
+    title = html.escape(label(run))
+    if entry is None:
+        body = (f'<p class="gpu-recording-label">Not recorded on {title}: this cell is '
+                f"newer than the recording. Run <code>make gpu-check</code> on a GPU machine "
+                f"to record it.</p>")
+        return f'<div class="gpu-recording gpu-recording-stale">{body}</div>', True
+    stale = entry["source_sha256"] != current_hash
+    if stale:
+        head = (f'<p class="gpu-recording-label"><strong>Stale recording</strong> from '
+                f"{title}: this cell's code has changed since, so what it prints there now is "
+                f"not known. Below, what the earlier code printed. Run "
+                f"<code>make gpu-check</code> on a GPU machine to record it again.</p>")
+    else:
+        head = (f'<p class="gpu-recording-label">Recorded on a GPU machine ({title}): what '
+                f"this cell printed there. Above it, what this build's machine printed.</p>")
+    if multi_gpu and run.get("gpus", 0) < 2:
+        head += ('<p class="gpu-recording-multi">No multi-GPU recording exists yet: this '
+                 "recording has one GPU, and this cell shows its multi-GPU behaviour only "
+                 "with two or more.</p>")
+    kind = "gpu-recording-stale" if stale else "gpu-recording-current"
+    return f'<div class="gpu-recording {kind}">{head}{outputs_html(entry["outputs"])}</div>', stale
+
+
+def annotate(notebook, name, recordings):
+    """Add the recorded outputs to every gpu-output cell of one executed notebook, in place.
+
+    Idempotent: outputs added by an earlier call are replaced. Returns the stale findings,
+    one line each, for the build's output.
+    """
+    stale_lines = []
+    for cell in gpu_cells(notebook):
+        outputs = [o for o in cell.get("outputs", []) if MARKER not in o.get("metadata", {})]
+        current = source_hash(source_of(cell))
+        multi_gpu = MULTI_GPU_TAG in tags_of(cell)
+        boxes = []
+        for folder, run, cells in recordings:
+            entry = cells.get(name, {}).get(cell.get("id"))
+            shown, stale = box(run, entry, current, multi_gpu)
+            boxes.append(shown)
+            if stale:
+                why = "not recorded" if entry is None else "its code changed since"
+                stale_lines.append(f"stale GPU recording: {name} cell {cell.get('id')} in "
+                                   f"results/gpu-runs/{folder.name} ({why})")
+        if not recordings:
+            note = "No GPU recording exists yet." + (
+                " No multi-GPU recording exists yet either." if multi_gpu else "")
+            boxes.append(f'<div class="gpu-recording gpu-recording-none"><p>{note}</p></div>')
+        for shown in boxes:
+            outputs.append({"output_type": "display_data", "metadata": {MARKER: True},
+                            "data": {"text/html": shown,
+                                     "text/plain": re.sub(r"<[^>]+>", " ", shown)}})
+        cell["outputs"] = outputs
+    return stale_lines
+
+
+def status(recordings=None, committed_dir=ROOT / "notebooks"):
+    """Lines: every gpu-output cell of the committed notebooks against every recording."""
+    recordings = latest_per_hardware(load_recordings() if recordings is None else recordings)
+    lines, stale = [], 0
+    for path in sorted(Path(committed_dir).glob("*.ipynb")):
+        notebook = json.loads(path.read_text())
+        for line in annotate(notebook, path.name, recordings):
+            lines.append(line)
+            stale += 1
+        cells = gpu_cells(notebook)
+        if cells:
+            lines.append(f"{path.name}: {len(cells)} gpu-output cells")
+    lines.append(f"{len(recordings)} recording(s), {stale} stale cell(s)")
+    return lines, stale
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    rec = commands.add_parser("record", help="write a recording from executed notebooks")
+    rec.add_argument("executed_dir")
+    rec.add_argument("out_dir")
+    rec.add_argument("--results", nargs="+", required=True,
+                     help="the benchmark's results files of the same run; the first one "
+                          "gives the hardware and the date")
+    rec.add_argument("--commit", required=True, help="the commit the run executed")
+    rec.add_argument("--note", default="", help="anything else a reader should know")
+    commands.add_parser("status", help="which recordings are stale")
+    args = parser.parse_args(argv)
+    if args.command == "record":
+        cells = record(args.executed_dir)
+        run = run_from_results(args.results[0], args.commit, args.note)
+        write_recording(args.out_dir, run, cells)
+        for results in args.results:
+            removed = clean_results_file(results, Path(args.out_dir) / Path(results).name)
+            print(f"{Path(results).name}: {removed} terminal escape codes removed")
+        print(f"recorded {sum(map(len, cells.values()))} cells into {args.out_dir}: "
+              f"{label(run)}")
+        return 0
+    lines, stale = status()
+    print("\n".join(lines))
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

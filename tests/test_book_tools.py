@@ -1,0 +1,365 @@
+"""The build's own tools: recorded GPU runs, outputs made ready for the page, the set-up cell's
+tag, the site's offline JavaScript, and `make gpu-check`. No site build is needed."""
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from book_files import ROOT, cell_source, chapters, first_code_cell, load_notebook
+
+sys.path.insert(0, str(ROOT / "book" / "tools"))
+import gpu_check  # noqa: E402
+import gpu_recordings  # noqa: E402
+import offline_assets  # noqa: E402
+import page_outputs  # noqa: E402
+import sync_setup_cell  # noqa: E402
+
+CHAPTERS = chapters()
+RECORDINGS = gpu_recordings.load_recordings()
+
+
+def stream(text, name="stdout"):
+    return {"output_type": "stream", "name": name, "text": text}
+
+
+# --- the set-up cell ------------------------------------------------------------------------
+
+def test_setup_cell_is_collapsed_on_the_page_in_every_chapter():
+    untagged = [path.name for path, _ in CHAPTERS if sync_setup_cell.SETUP_TAG not in
+                first_code_cell(load_notebook(path)).get("metadata", {}).get("tags", [])]
+    assert not untagged, (f"set-up cell without the tag {sync_setup_cell.SETUP_TAG!r} in "
+                          f"{untagged}: run python book/tools/sync_setup_cell.py")
+
+
+def test_sync_tool_check_passes_on_the_committed_notebooks(capsys):
+    assert sync_setup_cell.main(["--check"]) == 0, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path_number", CHAPTERS[:2], ids=lambda p: p[0].stem)
+def test_sync_tool_restores_the_tag_and_keeps_the_file_layout(tmp_path, path_number):
+    path = path_number[0]
+    original = path.read_text(encoding="utf-8")
+    copy_path = tmp_path / path.name
+    copy_path.write_text(original, encoding="utf-8")
+    notebook, write = sync_setup_cell.read_notebook(copy_path)
+    first_code_cell(notebook)["metadata"]["tags"].remove(sync_setup_cell.SETUP_TAG)
+    write(notebook)
+    assert copy_path.read_text(encoding="utf-8") != original
+    assert sync_setup_cell.main(["--check", str(copy_path)]) == 1
+    assert sync_setup_cell.main([str(copy_path)]) == 0
+    assert copy_path.read_text(encoding="utf-8") == original, "only the tag may change"
+
+
+# --- which cells depend on a GPU ----------------------------------------------------------
+
+def test_every_chapter_up_to_7_marks_its_gpu_dependent_cells():
+    for path, number in CHAPTERS:
+        cells = gpu_recordings.gpu_cells(load_notebook(path))
+        if number <= 7:
+            assert cells, f"{path.name}: no cell tagged {gpu_recordings.GPU_TAG}"
+
+
+def test_multi_gpu_cells_are_gpu_output_cells_with_ids():
+    for path, _ in CHAPTERS:
+        for cell in load_notebook(path)["cells"]:
+            tags = cell.get("metadata", {}).get("tags", [])
+            if gpu_recordings.MULTI_GPU_TAG in tags:
+                assert gpu_recordings.GPU_TAG in tags, (path.name, cell.get("id"))
+            if gpu_recordings.GPU_TAG in tags:
+                assert cell["cell_type"] == "code" and cell.get("id"), (path.name, cell)
+
+
+# --- the recorded runs ----------------------------------------------------------------------
+
+def test_recorded_runs_are_labelled_with_hardware_date_and_commit():
+    assert RECORDINGS, f"no recorded GPU run under {gpu_recordings.RECORDINGS}"
+    for folder, run, cells in RECORDINGS:
+        assert run["hardware"] and run["gpus"] >= 1, folder
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d", run["date"]), folder
+        assert re.fullmatch(r"[0-9a-f]{7,40}(-modified)?", run["commit"]), folder
+        assert folder.name.startswith(run["date"])
+        assert (folder / "README.md").exists() or (folder / "report.md").exists(), folder
+        for name, entries in cells.items():
+            assert (ROOT / "notebooks" / name).exists(), f"{folder.name}: {name}"
+            for cell_id, entry in entries.items():
+                assert re.fullmatch(r"[0-9a-f]{64}", entry["source_sha256"]), cell_id
+
+
+def test_h200_recording_covers_every_gpu_cell_of_the_commit_it_ran():
+    folder, run, cells = next(r for r in RECORDINGS if r[0].name == "2026-11-30-h200")
+    assert run["commit"] == "27a4f98" and run["gpus"] == 1 and "H200" in run["hardware"]
+    recorded = {(name, cell_id) for name, entries in cells.items() for cell_id in entries}
+    assert len(recorded) >= 40
+    # chapter 2's pinned copy, as the H200 printed it (nothing typed in: from the notebook)
+    pinned = cells["02_tensors_and_models.ipynb"]["ch02-31"]["outputs"]
+    assert "pinned, .to(device)" in "".join(gpu_recordings.text_of(o) for o in pinned)
+
+
+def test_recorded_results_files_have_no_terminal_escape_codes():
+    """The benchmark's files; cells.json keeps the outputs as nbmake wrote them."""
+    for folder, _, _ in RECORDINGS:
+        results = [p for p in folder.glob("*.json")
+                   if p.name not in (gpu_recordings.CELLS_FILE, gpu_recordings.RUN_FILE)]
+        assert results, f"{folder}: no results files"
+        for path in results:
+            assert "\\u001b" not in path.read_text(encoding="utf-8"), path
+
+
+def test_clean_results_file_removes_only_escape_codes(tmp_path):
+    source, target = tmp_path / "in.json", tmp_path / "out.json"
+    source.write_text('{"topology": "\\u001b[4mGPU0\\tCPU\\u001b[0m\\nGPU0\\t X"}\n')
+    assert gpu_recordings.clean_results_file(source, target) == 2
+    assert target.read_text() == '{"topology": "GPU0\\tCPU\\nGPU0\\t X"}\n'
+    assert json.loads(target.read_text())["topology"].startswith("GPU0\tCPU")
+
+
+def chapter_two_with_recording():
+    path = ROOT / "notebooks" / "02_tensors_and_models.ipynb"
+    notebook = load_notebook(path)
+    recording = next(r for r in RECORDINGS if r[0].name == "2026-11-30-h200")
+    return notebook, recording
+
+
+def added_boxes(cell):
+    return [o["data"]["text/html"] for o in cell["outputs"]
+            if gpu_recordings.MARKER in o.get("metadata", {})]
+
+
+def test_a_recorded_output_is_shown_current_and_labelled():
+    notebook, recording = chapter_two_with_recording()
+    cell = next(c for c in notebook["cells"] if c.get("id") == "ch02-31")
+    cell["outputs"] = [stream("Not measured here\n")]
+    stale = gpu_recordings.annotate(notebook, "02_tensors_and_models.ipynb", [recording])
+    assert not any("ch02-31" in line for line in stale)
+    assert cell["outputs"][0] == stream("Not measured here\n"), "the build's own output first"
+    [shown] = added_boxes(cell)
+    assert "gpu-recording-current" in shown and "Stale" not in shown
+    assert recording[1]["date"] in shown and "commit 27a4f98" in shown and "H200" in shown
+    assert "pinned, .to(device)" in shown
+
+
+def test_a_changed_cell_is_detected_as_stale_on_the_page_and_in_the_build_output(tmp_path):
+    notebook, recording = chapter_two_with_recording()
+    cell = next(c for c in notebook["cells"] if c.get("id") == "ch02-31")
+    cell["source"] = cell_source(cell).replace("repeats=20", "repeats=50")
+    executed = tmp_path / "02_tensors_and_models.ipynb"
+    executed.write_text(json.dumps(notebook))
+    printed = []
+    stale = page_outputs.prepare([executed], recordings_root=recording[0].parent,
+                                 report=printed.append)
+    assert [line for line in stale if "ch02-31" in line] == [
+        f"stale GPU recording: 02_tensors_and_models.ipynb cell ch02-31 in "
+        f"results/gpu-runs/{recording[0].name} (its code changed since)"]
+    assert any(line.startswith("warning: stale GPU recording: 02_tensors_and_models.ipynb "
+                               "cell ch02-31") for line in printed), printed
+    cells = {c.get("id"): c for c in json.loads(executed.read_text())["cells"]}
+    shown = added_boxes(cells["ch02-31"])
+    assert len(shown) == 1 and "gpu-recording-stale" in shown[0]
+    assert "Stale recording" in shown[0] and "make gpu-check" in shown[0]
+    # the cells that did not change stay current
+    assert "gpu-recording-current" in added_boxes(cells["ch02-33"])[0]
+
+
+def test_a_cell_newer_than_the_recording_is_said_to_be_unrecorded():
+    notebook, (folder, run, cells) = chapter_two_with_recording()
+    cells = copy.deepcopy(cells)
+    del cells["02_tensors_and_models.ipynb"]["ch02-33"]
+    stale = gpu_recordings.annotate(notebook, "02_tensors_and_models.ipynb",
+                                    [(folder, run, cells)])
+    assert any("ch02-33" in line and "not recorded" in line for line in stale)
+    cell = next(c for c in notebook["cells"] if c.get("id") == "ch02-33")
+    assert "Not recorded on" in added_boxes(cell)[0]
+
+
+def test_multi_gpu_cells_say_no_multi_gpu_recording_exists():
+    notebook = load_notebook(ROOT / "notebooks" / "04_data_parallel.ipynb")
+    gpu_recordings.annotate(notebook, "04_data_parallel.ipynb", RECORDINGS)
+    for cell in gpu_recordings.gpu_cells(notebook):
+        multi = gpu_recordings.MULTI_GPU_TAG in cell["metadata"]["tags"]
+        text = " ".join(added_boxes(cell))
+        assert ("No multi-GPU recording exists yet" in text) == (
+            multi and not any(run["gpus"] >= 2 for _, run, _ in RECORDINGS)), cell["id"]
+
+
+def test_annotating_twice_gives_the_same_notebook():
+    notebook, recording = chapter_two_with_recording()
+    gpu_recordings.annotate(notebook, "02_tensors_and_models.ipynb", [recording])
+    once = copy.deepcopy(notebook)
+    gpu_recordings.annotate(notebook, "02_tensors_and_models.ipynb", [recording])
+    assert notebook == once
+
+
+def test_record_reads_tags_from_the_committed_notebooks_and_hashes_what_ran(tmp_path):
+    committed, executed = tmp_path / "committed", tmp_path / "executed"
+    committed.mkdir()
+    executed.mkdir()
+    cells = [{"cell_type": "code", "id": "a", "metadata": {"tags": ["gpu-output"]},
+              "source": "print(1)", "outputs": [], "execution_count": None},
+             {"cell_type": "code", "id": "b", "metadata": {}, "source": "print(2)",
+              "outputs": [], "execution_count": None}]
+    notebook = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (committed / "09_x.ipynb").write_text(json.dumps(notebook))
+    ran = copy.deepcopy(notebook)
+    for cell in ran["cells"]:
+        cell["metadata"] = {}
+        cell["outputs"] = [stream("on cuda:0\n"), stream("done\n")]
+    (executed / "09_x.ipynb").write_text(json.dumps(ran))
+    recorded = gpu_recordings.record(executed, committed)
+    assert list(recorded["09_x.ipynb"]) == ["a"]
+    entry = recorded["09_x.ipynb"]["a"]
+    assert entry["source_sha256"] == gpu_recordings.source_hash("print(1)\n")
+    assert entry["outputs"] == [stream("on cuda:0\ndone\n")]
+
+
+# --- outputs made ready for the page --------------------------------------------------------
+
+def test_consecutive_streams_of_one_name_merge_and_nothing_else_moves():
+    display = {"output_type": "display_data", "data": {"text/plain": "table"}, "metadata": {}}
+    outputs = [stream("a\n"), stream("b"), stream("c\n"), stream("warn\n", "stderr"),
+               stream("d\n"), display, stream("e\n")]
+    assert gpu_recordings.merge_streams(outputs) == [
+        stream("a\nbc\n"), stream("warn\n", "stderr"), stream("d\n"), display, stream("e\n")]
+    assert gpu_recordings.merge_streams(outputs[:1]) == outputs[:1]
+
+
+def test_build_machine_paths_are_taken_out_of_outputs(tmp_path):
+    copy_dir = tmp_path / "_build" / "src"
+    scrub = page_outputs.scrubber(copy_dir)
+    venv = Path(sys.prefix)
+    traceback = (f"File {venv}/lib/python3.11/site-packages/torch/cuda/__init__.py:591, in f\n"
+                 f"saved {copy_dir}/runs/x.pt; home {Path.home()}/.cache/torch; "
+                 f"repo {ROOT}/data")
+    text = scrub(traceback)
+    assert "VENV/lib/python3.11/site-packages/torch/cuda/__init__.py:591" in text
+    assert "saved ./runs/x.pt" in text and "~/.cache/torch" in text and "repo ./data" in text
+    for private in {str(venv), str(venv.resolve()), str(ROOT), str(copy_dir)}:
+        assert private not in text
+    outputs = page_outputs.scrub_outputs(
+        [{"output_type": "error", "ename": "E", "evalue": f"at {ROOT}/x",
+          "traceback": [traceback]}], scrub)
+    assert str(ROOT) not in json.dumps(outputs)
+
+
+def test_display_tags_follow_the_committed_notebook(tmp_path):
+    committed = ROOT / "notebooks" / "01_devices.ipynb"
+    notebook = load_notebook(committed)
+    for cell in notebook["cells"]:
+        cell.get("metadata", {}).pop("tags", None)
+    page_outputs.sync_display_tags(notebook, committed)
+    assert sync_setup_cell.SETUP_TAG in first_code_cell(notebook)["metadata"]["tags"]
+    ids = [c["id"] for c in gpu_recordings.gpu_cells(load_notebook(committed))]
+    assert [c["id"] for c in gpu_recordings.gpu_cells(notebook)] == ids and ids
+
+
+# --- the site's offline JavaScript ----------------------------------------------------------
+
+def test_offline_packages_are_pinned_exactly_with_their_checksums():
+    for name, (version, integrity, patterns) in offline_assets.PACKAGES.items():
+        assert re.fullmatch(r"\d+\.\d+\.\d+", version), name
+        assert re.fullmatch(r"sha512-[A-Za-z0-9+/]{86}==", integrity), name
+        assert patterns and name in offline_assets.FOLDERS
+
+
+def test_config_loads_mathjax_and_widgets_from_the_offline_folders():
+    from book_files import config
+    sphinx = config()["sphinx"]["config"]
+    folders = set(offline_assets.FOLDERS.values())
+    assert any(sphinx["mathjax_path"].startswith(f + "/") for f in folders)
+    for path in sphinx["nb_ipywidgets_js"]:
+        assert not re.match(r"\w+://", path), f"{path} would need the internet"
+        assert any(path.startswith(f + "/") for f in folders) or (
+            ROOT / "book" / "theme" / path).exists(), path
+
+
+def test_offline_packages_unpack_from_the_cache_with_their_files(tmp_path):
+    absent = offline_assets.missing()
+    assert not absent, (f"not in {offline_assets.CACHE}: {absent}; `make book` (or python "
+                        "book/tools/offline_assets.py) fetches them once")
+    assert offline_assets.install(tmp_path) == {n: v for n, (v, _, _) in
+                                                offline_assets.PACKAGES.items()}
+    assert (tmp_path / "offline/mathjax/es5/tex-mml-chtml.js").exists()
+    assert (tmp_path / "offline/mathjax/es5/output/chtml/fonts/woff-v2").is_dir()
+    assert (tmp_path / "offline/requirejs/require.js").exists()
+    assert (tmp_path / "offline/html-manager/dist/embed-amd.js").exists()
+    assert list((tmp_path / "offline/html-manager/dist").glob("*.woff2"))
+
+
+def test_a_tampered_tarball_is_not_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(offline_assets, "CACHE", tmp_path)
+    name = "requirejs"
+    version = offline_assets.PACKAGES[name][0]
+    (tmp_path / offline_assets.tarball_name(name, version)).write_bytes(b"not the package")
+    assert offline_assets.cached(name) is None
+    assert f"{name}@{version}" in offline_assets.missing()
+
+
+# --- make gpu-check -------------------------------------------------------------------------
+
+def run_gpu_check(*args):
+    return subprocess.run([sys.executable, str(ROOT / "book" / "tools" / "gpu_check.py"),
+                           *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_gpu_check_dry_run_says_what_it_would_skip_without_cuda():
+    result = run_gpu_check("--dry-run")
+    assert result.returncode == 0, result.stderr
+    hardware = gpu_check.describe_hardware()
+    if hardware["cuda"]:
+        assert "would run" in result.stdout and "results/gpu-runs/" in result.stdout
+    else:
+        assert "No CUDA GPU on this machine" in result.stdout
+        for step in ("pytest -m gpu tests", "benchmark.py --size full",
+                     "benchmark.py --size full --model resnet18"):
+            assert f"no CUDA: skipped `{step}`" in result.stdout, step
+        assert "recording: no CUDA: skipped" in result.stdout
+        assert "notebooks under nbmake: would run" in result.stdout
+
+
+def test_gpu_check_runs_one_notebook_and_reports_it():
+    before = sorted(p.name for p in gpu_recordings.RECORDINGS.iterdir())
+    result = run_gpu_check("--only", "notebooks/01_devices.ipynb")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    report = (gpu_check.WORK / "report.md").read_text()
+    assert re.search(r"\| 01_devices\.ipynb \| passed \| \d+\.\d \|", report), report
+    assert "notebooks under nbmake: passed" in report
+    if not gpu_check.describe_hardware()["cuda"]:
+        assert "no CUDA: skipped `pytest -m gpu tests`" in report
+        assert "Recorded run: no CUDA: skipped" in report
+    assert sorted(p.name for p in gpu_recordings.RECORDINGS.iterdir()) == before, (
+        "a partial check must not write a recording")
+    assert load_notebook(ROOT / "notebooks" / "01_devices.ipynb")["cells"][1]["outputs"] == []
+
+
+def test_gpu_check_refuses_a_notebook_that_does_not_exist():
+    result = run_gpu_check("--only", "notebooks/99_missing.ipynb", "--dry-run")
+    assert result.returncode == 2 and "no such notebook" in result.stderr
+
+
+def test_headline_ratios_from_the_h200_results_file():
+    folder = next(r[0] for r in RECORDINGS if r[0].name == "2026-11-30-h200")
+    lines = gpu_check.headline_ratios(folder / "h200-full.json")
+    assert lines[0].startswith("cpu: 21,641 samples/s")
+    assert lines[1] == "gpu: 26,286 samples/s, 1.21x cpu"
+    assert lines[2].startswith("dp: skipped (only one GPU")
+
+
+def test_the_label_comes_from_the_results_file_as_gpu_check_writes_it():
+    folder = next(r[0] for r in RECORDINGS if r[0].name == "2026-11-30-h200")
+    run = gpu_recordings.run_from_results(folder / "h200-full.json", "27a4f98")
+    assert run["hardware"] == ("1 x NVIDIA H200 (139.8 GiB), 16 CPU cores, driver 580.159.04, "
+                               "torch 2.11.0+cu130, CUDA 13.0")
+    assert (run["gpus"], run["date"]) == (1, "2026-11-30")
+    assert json.loads((folder / "run.json").read_text())["hardware"] == run["hardware"]
+    two = gpu_recordings.hardware_label([("NVIDIA H200", 139.8)] * 2, 32)
+    assert two == "2 x NVIDIA H200 (139.8 GiB), 32 CPU cores"
+
+
+def test_a_newer_recording_of_the_same_hardware_replaces_the_older():
+    old = (Path("results/gpu-runs/2026-11-30-h200"), {"hardware": "A"}, {})
+    new = (Path("results/gpu-runs/2026-12-24-1x-h200"), {"hardware": "A"}, {})
+    other = (Path("results/gpu-runs/2026-11-01-2x-a100"), {"hardware": "B"}, {})
+    assert gpu_recordings.latest_per_hardware([old, other, new]) == [other, new]
