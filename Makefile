@@ -12,11 +12,12 @@ PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
 # The tests that read the built site (_build/html) or open it in a browser.
 SITE_TESTS := tests/test_site_html.py tests/test_site_browser.py
 
-.PHONY: book test check browser student-copies clean
+.PHONY: book test check browser gpu-check student-copies clean
 
-$(INSTALLED): requirements.txt
+$(INSTALLED): requirements.txt book/tools/offline_assets.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python book/tools/offline_assets.py  # widgets, require.js, MathJax: pinned npm tarballs, once
 	touch $@
 
 book: $(INSTALLED)
@@ -30,6 +31,13 @@ check: $(INSTALLED)
 
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+
+# On a machine with GPUs, with the interpreter it already has (no .venv is made):
+#   PYTHON=python3 make gpu-check
+# runs every notebook and the gpu tests, the full-size benchmarks, and writes a recorded run
+# and a report (book/tools/gpu_check.py says what each step needs).
+gpu-check:
+	$(PYTHON) book/tools/gpu_check.py
 
 student-copies: $(INSTALLED)
 	$(BIN)/python book/tools/student_copies.py
