@@ -57,6 +57,8 @@ def right_and_wrong_answers():
         "ch06-ex-rank.global-rank": (2 * 8 + 5, 2 * 3 + 5, None),
         "ch07-ex-efficiency": (times["gpu"] / times["ddp"] / 2, times["gpu"] / times["dp"] / 2, 2),
         "ch08-ex-padding": (sum(map(len, shares(1000, 6))) - 1000, 4, None),
+        "ch09-ex-accumulation": ((8 * 3 * 2, 3 * 2), (24, 3), None),
+        "ch09-ex-uneven": (5 + 1, 5, None),
     }
 
 
