@@ -172,6 +172,9 @@ def exercise_shape_problems(notebook):
                             "(the first may follow the section's prose)")
         label = re.search(r"^:label:\s*(\S+)", exercises[0][2], re.M)
         label = label.group(1) if label else None
+        if "`" in exercises[0][1]:  # seen with sphinx-exercise 1.x: the build then fails
+            problems.append(f"{label}: no code in an exercise's title; sphinx-exercise "
+                            "leaves its label undefined")
         index += 1
         kinds = []
         while index < len(cells) and cells[index]["cell_type"] == "code":
@@ -246,6 +249,8 @@ def test_the_shape_check_accepts_the_shape_and_finds_each_departure():
         "a solution to another exercise": shaped(
             EXERCISE, ("markdown", SOLUTION[1].replace("ch09-q", "ch09-r"), ())),
         "no exercise at all": shaped(("markdown", "## Exercises", ())),
+        "code in a title": shaped(("markdown", EXERCISE[1].replace("} Q", "} `Q`"), ()),
+                                  SOLUTION),
     }
     for name, notebook in departures.items():
         assert exercise_shape_problems(notebook), f"not found: {name}"
