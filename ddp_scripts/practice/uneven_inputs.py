@@ -35,6 +35,7 @@ def demo(out):
     # 1. By hand, in a group of its own whose collectives give up after TIMEOUT_S seconds
     #    (without a timeout, rank 0 would wait for 30 minutes, the default of gloo).
     short_fuse = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    dist.barrier()                     # start together: only the extra step may wait
     start = time.monotonic()
     try:
         train_by_hand(make_model(), batches, group=short_fuse)
