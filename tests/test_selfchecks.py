@@ -243,3 +243,12 @@ def test_student_copy_imports_the_self_checks_from_its_own_folder(handout):
     where, message = result.stdout.splitlines()[:2]
     assert where == str(handout / "notebooks" / "selfcheck.py")
     assert message.startswith("Not answered yet")
+
+
+def test_the_command_line_prints_the_digest_a_check_compares_with(capsys):
+    from notebooks.selfcheck import main
+    assert main(["ch06-ex-rank.world-size", "24"]) == 0
+    assert capsys.readouterr().out.strip() == digest("ch06-ex-rank.world-size", 24)
+    assert main(["ch07-ex-efficiency", "0.8203", "2"]) == 0
+    assert is_right(0.82, capsys.readouterr().out.strip(), places=2)
+    assert main(["only-a-label"]) == 2
