@@ -1,4 +1,5 @@
 """The committed sources of the book: table of contents, notebooks, set-up cell, exercises."""
+import ast
 import os
 import re
 import stat
@@ -133,16 +134,126 @@ def test_directive_fences_are_nested_correctly(chapter):
     assert not problems, f"{path.name}: " + "; ".join(problems)
 
 
-def test_solution_cells_come_after_markdown_and_nothing_depends_on_them(chapter):
-    """Student copies drop `solution` cells: what follows must still run without them."""
-    path, _, notebook = chapter
-    cells = notebook["cells"]
+def tags(cell):
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def exercise_shape_problems(notebook):
+    """What departs from the one shape of an exercise (book/instructor-guide.md, "Exercises and self-checks"):
+
+    1. a markdown cell that ends with one {exercise} block (prose only before the first);
+    2. for an exercise with a value to check: a code cell tagged `answer` where the student
+       writes it, then a code cell tagged `self-check` that calls notebooks.selfcheck.check
+       and compares nothing itself (no `==`, no answer in sight);
+    3. a markdown cell that is one {solution} block for that exercise, collapsed.
+    Solutions are never code cells: a student copy drops the {solution} blocks, and nothing
+    after them can depend on them.
+    """
+    cells, problems = notebook["cells"], []
     for index, cell in enumerate(cells):
-        if "solution" in cell.get("metadata", {}).get("tags", []):
-            assert cell["cell_type"] == "code", f"{path.name}: cell {index}"
-            assert index > 0 and (cells[index - 1]["cell_type"] == "markdown" or "solution" in
-                                  cells[index - 1].get("metadata", {}).get("tags", [])), (
-                f"{path.name}: solution cell {index} should follow the exercise's markdown")
+        if "solution" in tags(cell):
+            problems.append(f"cell {index} is tagged 'solution': write solutions as "
+                            "{solution} blocks in markdown")
+    starts = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+              and directive_blocks({"cells": [c]}, "exercise")]
+    if not starts:
+        return problems + ["no {exercise}"]
+    index = starts[0]
+    while index < len(cells):
+        cell = cells[index]
+        exercises = directive_blocks({"cells": [cell]}, "exercise")
+        if cell["cell_type"] != "markdown" or len(exercises) != 1:
+            problems.append(f"cell {index}: expected one {{exercise}} in a markdown cell")
+            break
+        source = cell_source(cell).rstrip()
+        if not re.search(r"^(`{3,}|:{3,})\s*$", source.splitlines()[-1]) or (
+                index != starts[0] and not re.match(r"(`{3,}|:{3,})\{exercise\}", source)):
+            problems.append(f"cell {index}: the {{exercise}} block must be the whole cell "
+                            "(the first may follow the section's prose)")
+        label = re.search(r"^:label:\s*(\S+)", exercises[0][2], re.M)
+        label = label.group(1) if label else None
+        if "`" in exercises[0][1]:  # seen with sphinx-exercise 1.x: the build then fails
+            problems.append(f"{label}: no code in an exercise's title; sphinx-exercise "
+                            "leaves its label undefined")
+        index += 1
+        kinds = []
+        while index < len(cells) and cells[index]["cell_type"] == "code":
+            kinds.append((index, [t for t in tags(cells[index]) if t in ("answer", "self-check")]))
+            index += 1
+        if [k for _, k in kinds] not in ([], [["answer"], ["self-check"]]):
+            problems.append(f"{label}: between the exercise and its solution, either nothing "
+                            "or an `answer` cell then a `self-check` cell; found "
+                            f"{[k for _, k in kinds]} in cells {[i for i, _ in kinds]}")
+        for at, kind in kinds:
+            if kind == ["self-check"]:
+                code = cell_source(cells[at])
+                tree = ast.parse(code)
+                calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                         and getattr(n.func, "id", None) == "check"]
+                compares = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)
+                            and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in n.ops)]
+                if "from notebooks.selfcheck import check" not in code or not calls:
+                    problems.append(f"{label}: the self-check (cell {at}) must call "
+                                    "check() from notebooks.selfcheck")
+                if compares:
+                    problems.append(f"{label}: the self-check (cell {at}) compares with == "
+                                    "itself: the compared value is an answer in plain view")
+        solutions = (directive_blocks({"cells": [cells[index]]}, "solution")
+                     if index < len(cells) and cells[index]["cell_type"] == "markdown" else [])
+        if len(solutions) != 1 or solutions[0][1] != label:
+            problems.append(f"{label}: cell {index} should be its {{solution}}, alone")
+            break
+        if cell_source(cells[index]).strip().splitlines()[-1].strip("`:") != "" or not \
+                re.match(r"(`{3,}|:{3,})\{solution\}", cell_source(cells[index]).strip()):
+            problems.append(f"{label}: the {{solution}} block must be the whole cell {index}")
+        index += 1
+    return problems
+
+
+def test_exercises_have_the_one_shape(chapter):
+    path, _, notebook = chapter
+    problems = exercise_shape_problems(notebook)
+    assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+def shaped(*cells):
+    """A notebook of (kind, source, tags) cells, for the tests of the shape check itself."""
+    return {"cells": [{"cell_type": kind, "source": source, "metadata": {"tags": list(tags)}}
+                      for kind, source, tags in cells]}
+
+
+EXERCISE = ("markdown", "## Exercises\n\n```{exercise} Q\n:label: ch09-q\nAsk.\n```", ())
+ANSWER = ("code", "answer = None", ("answer",))
+CHECK = ("code", 'from notebooks.selfcheck import check\ncheck(answer, "ch09-q:00")', ("self-check",))
+SOLUTION = ("markdown", "```{solution} ch09-q\n:class: dropdown\nTell.\n```", ())
+
+
+def test_the_shape_check_accepts_the_shape_and_finds_each_departure():
+    assert exercise_shape_problems(shaped(EXERCISE, ANSWER, CHECK, SOLUTION)) == []
+    assert exercise_shape_problems(shaped(EXERCISE, SOLUTION)) == []
+    departures = {
+        "solution before the answer": shaped(EXERCISE, SOLUTION, ANSWER, CHECK),
+        "check without an answer cell": shaped(EXERCISE, CHECK, SOLUTION),
+        "answer after the check": shaped(EXERCISE, CHECK, ANSWER, SOLUTION),
+        "an untagged code cell": shaped(EXERCISE, ("code", "x = 1", ()), SOLUTION),
+        "a solution as a code cell": shaped(EXERCISE, ("code", "print(2)", ("solution",))),
+        "a check in plain view": shaped(EXERCISE, ANSWER, (
+            "code", "from notebooks.selfcheck import check\ncheck(answer, 'x')\n"
+                    "print(answer == 2)", ("self-check",)), SOLUTION),
+        "a check without check()": shaped(EXERCISE, ANSWER, ("code", "print(answer)",
+                                                             ("self-check",)), SOLUTION),
+        "two exercises in one cell": shaped(
+            ("markdown", EXERCISE[1] + "\n\n" + EXERCISE[1].split("\n\n", 1)[1], ()), SOLUTION),
+        "the solution shares its cell": shaped(
+            EXERCISE, ("markdown", SOLUTION[1] + "\n\nMore prose.", ())),
+        "a solution to another exercise": shaped(
+            EXERCISE, ("markdown", SOLUTION[1].replace("ch09-q", "ch09-r"), ())),
+        "no exercise at all": shaped(("markdown", "## Exercises", ())),
+        "code in a title": shaped(("markdown", EXERCISE[1].replace("} Q", "} `Q`"), ()),
+                                  SOLUTION),
+    }
+    for name, notebook in departures.items():
+        assert exercise_shape_problems(notebook), f"not found: {name}"
 
 
 def test_instructor_guide_lists_the_chapter_with_its_own_time(chapter):

@@ -9,8 +9,10 @@ What is removed:
   also the gated form, from {solution-start} to {solution-end});
 - every code cell tagged `solution`;
 - any output (the committed notebooks have none; a copy must not leak an answer).
-The exercises stay. The companion scripts (ddp_scripts/) are copied next to the notebooks,
-so OUT is a self-contained handout: zip it, or hand it out as a folder.
+The exercises stay, and so do their self-check cells, which hold answers only as salted
+hashes. The companion scripts (ddp_scripts/) are copied next to the notebooks, and the
+notebooks' own helpers (notebooks/*.py: the self-checks) beside them, so OUT is a
+self-contained handout: zip it, or hand it out as a folder.
 The tool refuses to write a copy in which a solution marker is left (one-line error,
 exit status 2): a handout never leaks an answer silently.
 """
@@ -152,6 +154,8 @@ def write_copies(notebooks, out, replace_all=False):
         shutil.rmtree(scripts)
     shutil.copytree(ROOT / "ddp_scripts", scripts,
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for helper in sorted((ROOT / "notebooks").glob("*.py")):  # notebooks.selfcheck
+        shutil.copy2(helper, out / "notebooks" / helper.name)
     return written
 
 

@@ -1,0 +1,63 @@
+"""SyncBatchNorm against per-rank BatchNorm: which statistics normalise a batch.
+
+Each rank normalises its share of the global batch. Plain BatchNorm uses the share's own mean
+and variance; SyncBatchNorm uses those of the whole global batch, added up over the ranks.
+nn.SyncBatchNorm runs on GPUs only, so on the CPU the synchronisation is written out: one
+all_reduce of the count, the sums and the sums of squares.
+
+    torchrun --nproc-per-node 2 ddp_scripts/practice/batchnorm.py --out runs/practice
+"""
+import sys
+from pathlib import Path
+sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root: `ddp_scripts.common`, as notebooks and tests import it
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ddp_scripts.practice.group import gather, main
+
+GLOBAL_BATCH, FEATURES, EPS = 16, 3, 1e-5
+
+
+def synced_batch_norm(x):
+    """What SyncBatchNorm computes in training: statistics of the global batch."""
+    stats = torch.cat([torch.tensor([float(len(x))], dtype=x.dtype), x.sum(0), (x * x).sum(0)])
+    dist.all_reduce(stats)                           # count, sums, sums of squares: added up
+    count, total, squares = stats[0], stats[1:1 + FEATURES], stats[1 + FEATURES:]
+    mean = total / count
+    var = squares / count - mean ** 2                # the biased variance, as BatchNorm uses
+    return (x - mean) / torch.sqrt(var + EPS), mean
+
+
+def demo(out):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(3)
+    everything = torch.randn(GLOBAL_BATCH, FEATURES, generator=g, dtype=torch.float64) * 2 + 1
+    mine = everything[rank::world_size]              # this rank's share, as a sampler gives it
+
+    per_rank = nn.BatchNorm1d(FEATURES, momentum=1.0).double().train()
+    per_rank_output = per_rank(mine)                 # momentum 1: running_mean = this batch's mean
+    synced_output, synced_mean = synced_batch_norm(mine)
+
+    # The reference: one process, BatchNorm over the whole global batch at once.
+    whole = F.batch_norm(everything, None, None, training=True, eps=EPS)[rank::world_size]
+    try:
+        nn.SyncBatchNorm(FEATURES).double().train()(mine)
+        sync_on_cpu = "ran"
+    except ValueError as error:
+        sync_on_cpu = f"ValueError: {error}"
+    return {
+        "global_batch": GLOBAL_BATCH, "world_size": world_size, "features": FEATURES,
+        "mean_per_rank": gather(per_rank.running_mean.tolist()),
+        "mean_synced_per_rank": gather(synced_mean.tolist()),
+        "mean_of_global_batch": everything.mean(0).tolist(),
+        "per_rank_vs_one_process": max(gather((per_rank_output - whole).abs().max().item())),
+        "synced_vs_one_process": max(gather((synced_output - whole).abs().max().item())),
+        "sync_batchnorm_on_cpu": sync_on_cpu,
+    }
+
+
+if __name__ == "__main__":
+    main({"batchnorm": demo}, __doc__.splitlines()[0])

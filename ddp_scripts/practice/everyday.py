@@ -1,0 +1,23 @@
+"""Chapter 9's demonstrations, several in one process group: one torchrun start for all.
+
+    torchrun --nproc-per-node 2 ddp_scripts/practice/everyday.py --out runs/practice
+    torchrun --nproc-per-node 2 ddp_scripts/practice/everyday.py --out runs/p by_hand seeding
+
+Writes OUT/NAME.json for each demonstration. Each also runs alone: by_hand.py,
+accumulation.py, batchnorm.py, unused_parameters.py, seeding.py, uneven_inputs.py.
+"""
+import sys
+from pathlib import Path
+sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root: `ddp_scripts.common`, as notebooks and tests import it
+
+from ddp_scripts.practice import (accumulation, batchnorm, by_hand, seeding, unused_parameters,
+                                  uneven_inputs)
+from ddp_scripts.practice.group import main
+
+DEMOS = {"by_hand": by_hand.demo, "accumulation": accumulation.demo,
+         "batchnorm": batchnorm.demo, "unused_parameters": unused_parameters.demo,
+         "seeding": seeding.demo,
+         "uneven_inputs": uneven_inputs.demo}  # last: its first part breaks a group on purpose
+
+if __name__ == "__main__":
+    main(DEMOS, __doc__.splitlines()[0])

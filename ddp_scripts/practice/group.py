@@ -1,0 +1,60 @@
+"""The plumbing every practice program shares: join the group, gather, write the results.
+
+Imported as `ddp_scripts.practice.group` by the programs beside it (after their bootstrap).
+"""
+import argparse
+import datetime
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ddp_scripts.common import write_atomically
+
+
+def join_group(timeout_s=60):
+    """Join the group torchrun describes (env://) with gloo, on the CPU; (rank, world size)."""
+    torch.set_num_threads(1)  # two processes on a small machine: one core each
+    dist.init_process_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def gather(value):
+    """[value of rank 0, value of rank 1, ...] on every rank (any picklable value)."""
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def largest_difference(first, second):
+    """The largest absolute difference between two lists of tensors (0.0 when equal)."""
+    return max((a - b).abs().max().item() for a, b in zip(first, second))
+
+
+def write_result(out, name, result):
+    """Rank 0 writes OUT/NAME.json (write-then-rename: a reader never sees half a file)."""
+    if dist.get_rank() == 0:
+        text = json.dumps(result, indent=1)
+        write_atomically(Path(out) / f"{name}.json", lambda f: f.write(text), mode="w")
+
+
+def main(demos, description):
+    """Command line of a practice program: run `demos` ({name: function(out)}) in one group."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", required=True, help="folder for the results (NAME.json)")
+    parser.add_argument("demos", nargs="*", help=f"default: all of {', '.join(demos)}")
+    args = parser.parse_args()
+    unknown = [name for name in args.demos if name not in demos]
+    if unknown:
+        parser.error(f"unknown demonstration(s) {unknown}: choose from {', '.join(demos)}")
+    if "RANK" not in os.environ:
+        parser.error("start it with torchrun, for example: torchrun --nproc-per-node 2 "
+                     f"{Path(parser.prog)} --out runs/practice")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    join_group()
+    for name in args.demos or list(demos):
+        write_result(args.out, name, demos[name](args.out))
+        dist.barrier()
+    dist.destroy_process_group()

@@ -1,0 +1,89 @@
+"""A model with a branch its forward never uses: DDP's error, then find_unused_parameters
+and static_graph, and what each costs per step.
+
+    torchrun --nproc-per-node 2 ddp_scripts/practice/unused_parameters.py --out runs/practice
+"""
+import sys
+from pathlib import Path
+sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root: `ddp_scripts.common`, as notebooks and tests import it
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_scripts.practice.by_hand import my_batches
+from ddp_scripts.practice.group import gather, main
+
+TIMED_STEPS, DEPTH = 60, 40
+
+
+class TwoHeads(nn.Module):
+    """A body and two output heads; forward uses one. A multi-task model on a one-task batch,
+    a frozen branch, an auxiliary head switched off: the same situation."""
+
+    def __init__(self, with_spare_head=True, depth=DEPTH):
+        super().__init__()
+        torch.manual_seed(0)
+        layers = [nn.Linear(8, 16), nn.Tanh()]
+        for _ in range(depth - 1):  # deep and thin: a large autograd graph, little arithmetic
+            layers += [nn.Linear(16, 16), nn.Tanh()]
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(16, 1)
+        self.spare_head = nn.Linear(16, 1) if with_spare_head else None
+
+    def forward(self, x):
+        return self.head(self.body(x))    # spare_head gets no gradient
+
+
+def timed_steps(models, batches):
+    """Seconds of every training step (forward, backward with its all-reduce, update) of
+    each model; the models take turns, step by step, so that they share the machine's ups
+    and downs alike."""
+    optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in models.items()}
+    times = {name: [] for name in models}
+    for x, y in batches:
+        for name, model in models.items():
+            start = time.perf_counter()
+            optimizers[name].zero_grad()
+            F.mse_loss(model(x.float()), y.float()).backward()
+            optimizers[name].step()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def demo(out):
+    batches = my_batches(dist.get_rank(), dist.get_world_size())
+    # 1. Plain DDP: the first step passes, the second refuses to start.
+    model = DDP(TwoHeads())
+    steps_done, error = 0, None
+    try:
+        for x, y in batches[:2]:
+            F.mse_loss(model(x.float()), y.float()).backward()
+            steps_done += 1
+    except RuntimeError as raised:
+        error = str(raised)
+    # 2. The two fixes, and a model without the spare head for comparison; each timed.
+    runs = {"no spare head, plain DDP": DDP(TwoHeads(with_spare_head=False)),
+            "find_unused_parameters=True": DDP(TwoHeads(), find_unused_parameters=True),
+            "static_graph=True": DDP(TwoHeads(), static_graph=True)}
+    timed = (batches * 3)[:TIMED_STEPS]
+    times = timed_steps(runs, timed)
+    medians = {name: statistics.median(t[5:]) * 1e6 for name, t in times.items()}  # after set-up
+    fixed = runs["find_unused_parameters=True"].module
+    return {
+        "steps_before_the_error": steps_done,
+        "error_on_every_rank": all(e is not None for e in gather(error)),
+        "error": error,
+        "spare_head_grad_is_none": fixed.spare_head.weight.grad is None,
+        "median_step_us": {name: max(gather(value)) for name, value in medians.items()},
+        "timed_steps": len(timed) - 5,
+    }
+
+
+if __name__ == "__main__":
+    main({"unused_parameters": demo}, __doc__.splitlines()[0])

@@ -1,0 +1,124 @@
+"""Chapter 9's practice programs (ddp_scripts/practice/): what each demonstrates holds.
+
+One torchrun start of two processes runs every demonstration (everyday.py, as the chapter
+runs it); the tests read the JSON files it writes. Nothing here depends on how fast the
+machine is: times are recorded by the programs, never compared with a threshold.
+"""
+import ast
+import json
+
+import pytest
+
+from helpers import ROOT
+
+PRACTICE = ROOT / "ddp_scripts" / "practice"
+BOOTSTRAP = ("import sys\nfrom pathlib import Path\n"
+             "sys.path[0] = str(Path(__file__).resolve().parents[2])")
+DEMOS = ["by_hand", "accumulation", "batchnorm", "unused_parameters", "seeding",
+         "uneven_inputs"]
+
+# The tests that read the run go to one pytest-xdist worker (--dist loadgroup), and the
+# fixture lives for the session, so the run is made once.
+shares_practice_run = pytest.mark.xdist_group("practice_run")
+
+
+@pytest.fixture(scope="session")
+def practice(tmp_path_factory):
+    """{demonstration: its results}, from one run of everyday.py on two processes."""
+    from ddp_scripts.launcher import run_command, torchrun_command
+    out = tmp_path_factory.mktemp("practice")
+    run_command(torchrun_command("practice/everyday.py", 2, ["--out", str(out)]), timeout=300,
+                progress=False, echo=lambda line: None)  # raises LaunchError if it fails
+    return {name: json.loads((out / f"{name}.json").read_text()) for name in DEMOS}
+
+
+@shares_practice_run
+@pytest.mark.timeout(400)
+def test_by_hand_all_reduce_trains_exactly_what_ddp_trains(practice):
+    hand = practice["by_hand"]
+    assert hand["dtype"] == "float64" and hand["world_size"] == 2
+    assert hand["largest_difference_hand_vs_ddp"] <= 1e-12
+    assert hand["identical_on_every_rank"]
+    assert hand["all_reduces_per_step_by_hand"] == hand["parameter_tensors"] > 1
+    assert hand["all_reduces_per_step_ddp"] == 1  # the small model fits in one bucket
+    assert hand["all_reduces_per_step_ddp_small_buckets"] > 1
+    assert hand["numbers_per_step_ddp"] == hand["numbers_per_step_ddp_small_buckets"] \
+        == hand["parameters"]
+    assert hand["checkpoint_read_after_barrier_matches"]
+
+
+@shares_practice_run
+@pytest.mark.timeout(400)
+def test_no_sync_saves_all_reduces_and_ends_with_the_same_model(practice):
+    acc = practice["accumulation"]
+    assert acc["all_reduces_without_no_sync"] == acc["micro_batches"] == 20
+    assert acc["all_reduces_with_no_sync"] == acc["optimizer_steps"] == 5
+    assert acc["largest_difference"] <= 1e-12
+
+
+@shares_practice_run
+@pytest.mark.timeout(400)
+def test_synchronised_batch_norm_uses_the_global_batch(practice):
+    bn = practice["batchnorm"]
+    per_rank, synced = bn["mean_per_rank"], bn["mean_synced_per_rank"]
+    assert per_rank[0] != per_rank[1]
+    assert synced[0] == synced[1]
+    assert synced[0] == pytest.approx(bn["mean_of_global_batch"], abs=1e-12)
+    assert bn["synced_vs_one_process"] <= 1e-12 < 1e-3 < bn["per_rank_vs_one_process"]
+    assert bn["sync_batchnorm_on_cpu"].startswith("ValueError")  # CPU tensors: GPUs only
+
+
+@shares_practice_run
+@pytest.mark.timeout(400)
+def test_unused_parameters_fail_then_find_unused_and_static_graph_train(practice):
+    unused = practice["unused_parameters"]
+    assert unused["steps_before_the_error"] == 1 and unused["error_on_every_rank"]
+    assert "find_unused_parameters=True" in unused["error"]
+    assert unused["spare_head_grad_is_none"]
+    assert set(unused["median_step_us"]) == {"no spare head, plain DDP",
+                                             "find_unused_parameters=True", "static_graph=True"}
+    assert all(value > 0 for value in unused["median_step_us"].values())
+
+
+@shares_practice_run
+@pytest.mark.timeout(400)
+def test_uneven_inputs_time_out_by_hand_and_finish_with_join(practice):
+    uneven = practice["uneven_inputs"]
+    assert uneven["batches_per_rank"] == [5, 4]
+    first, second = uneven["by_hand_outcome_per_rank"]
+    assert first.startswith("RuntimeError") and second == "finished"
+    assert uneven["join_steps_per_rank"] == uneven["batches_per_rank"]
+    assert uneven["join_models_identical"]
+
+
+@shares_practice_run
+@pytest.mark.timeout(400)
+def test_the_same_seed_repeats_augmentation_and_seed_plus_rank_does_not(practice):
+    seeding = practice["seeding"]
+    assert seeding["same_seed_identical"] and seeding["same_seed"][0] == seeding["same_seed"][1]
+    assert not seeding["seed_plus_rank_identical"]
+    assert seeding["seed_plus_rank"][0] == seeding["same_seed"][0]  # rank 0: seed + 0
+
+
+def test_every_practice_program_has_the_bootstrap_and_imports_through_ddp_scripts():
+    programs = sorted(p for p in PRACTICE.glob("*.py") if "__main__" in p.read_text())
+    assert {p.stem for p in programs} >= set(DEMOS) | {"everyday"}
+    for path in programs:
+        source = path.read_text()
+        assert BOOTSTRAP in source, f"{path.name} lacks the bootstrap of ddp_scripts/"
+        assert source.index(BOOTSTRAP) < source.index("from ddp_scripts"), path.name
+    for path in PRACTICE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                assert not node.module.startswith(("common", "launcher", "practice")), (
+                    f"{path.name}: `from {node.module} import`; use `from ddp_scripts...`")
+
+
+def test_everyday_runs_each_demonstration_by_name():
+    """The names the chapter and everyday.py use are the names of the programs."""
+    tree = ast.parse((PRACTICE / "everyday.py").read_text())
+    demos = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                 and getattr(node.targets[0], "id", None) == "DEMOS")
+    names = [key.value for key in demos.keys]
+    assert names == DEMOS and names[-1] == "uneven_inputs"  # it breaks a group: last
+    assert all((PRACTICE / f"{name}.py").exists() for name in names)
