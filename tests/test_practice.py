@@ -12,8 +12,9 @@ import pytest
 from helpers import ROOT
 
 PRACTICE = ROOT / "ddp_scripts" / "practice"
-BOOTSTRAP = ("import sys\nfrom pathlib import Path\n"
-             "sys.path[0] = str(Path(__file__).resolve().parents[2])")
+BOOTSTRAP = ("import sys\nfrom pathlib import Path\n\n"
+             "if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do\n"
+             "    sys.path[0] = str(Path(__file__).resolve().parents[2])")
 DEMOS = ["by_hand", "accumulation", "batchnorm", "unused_parameters", "seeding",
          "uneven_inputs"]
 

@@ -8,7 +8,9 @@ last micro-batch all-reduces the sum once. The all-reduces are counted; the fina
 """
 import sys
 from pathlib import Path
-sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root: `ddp_scripts.common`, as notebooks and tests import it
+
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import contextlib
 

@@ -9,7 +9,9 @@ all_reduce of the count, the sums and the sums of squares.
 """
 import sys
 from pathlib import Path
-sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root: `ddp_scripts.common`, as notebooks and tests import it
+
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist

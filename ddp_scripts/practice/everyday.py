@@ -8,7 +8,9 @@ accumulation.py, batchnorm.py, unused_parameters.py, seeding.py, uneven_inputs.p
 """
 import sys
 from pathlib import Path
-sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root: `ddp_scripts.common`, as notebooks and tests import it
+
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from ddp_scripts.practice import (accumulation, batchnorm, by_hand, seeding, unused_parameters,
                                   uneven_inputs)

@@ -5,7 +5,9 @@ and static_graph, and what each costs per step.
 """
 import sys
 from pathlib import Path
-sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root: `ddp_scripts.common`, as notebooks and tests import it
+
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import statistics
 import time
