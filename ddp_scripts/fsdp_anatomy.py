@@ -7,6 +7,8 @@ Chapter 11 starts it. For each way of spreading the model over the ranks,
     ddp             DistributedDataParallel: every rank holds everything
     fsdp            fully_shard on each block, then on the root (train_fsdp.py's way)
     fsdp-keep       the same with reshard_after_forward=False: gathered weights kept until backward
+    fsdp-bf16       fsdp with MixedPrecisionPolicy: gathered and computed in bfloat16,
+                    gradients reduced in float32
     fsdp-one-unit   fully_shard on the root only, a classic mistake: one unit, the whole model
 
 it takes one step and records every collective (kind, bytes of the whole tensor, forward or
@@ -28,13 +30,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_scripts.sharding import WideMLP, local_bytes
 
-SETUPS = ["ddp", "fsdp", "fsdp-keep", "fsdp-one-unit"]
+SETUPS = ["ddp", "fsdp", "fsdp-keep", "fsdp-bf16", "fsdp-one-unit"]
 phase = ["setup"]   # where the step is: "forward" or "backward"
 sent = []           # the collectives of the current set-up, in order
 
@@ -77,19 +79,22 @@ def build(setup, width, depth):
         model = DDP(model)
         model.register_comm_hook(None, noting_allreduce)
         return model
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    options = {"mesh": init_device_mesh("cpu", (dist.get_world_size(),)),
+               "reshard_after_forward": setup != "fsdp-keep"}
+    if setup == "fsdp-bf16":
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                    reduce_dtype=torch.float32)
     if setup != "fsdp-one-unit":
         for block in model.blocks:
-            fully_shard(block, mesh=mesh, reshard_after_forward=setup == "fsdp")
-    fully_shard(model, mesh=mesh, reshard_after_forward=setup == "fsdp")
+            fully_shard(block, **options)
+    fully_shard(model, **options)
     return model
 
 
 def whole_weight_bytes(model):
-    """Bytes of this rank's weights that are whole (not a DTensor shard) right now."""
-    return sum(local_bytes(p) for p in model.parameters()
-               if not isinstance(p, DTensor)) if not isinstance(model, DDP) else sum(
-        local_bytes(p) for p in model.parameters())
+    """Bytes of weights this rank holds whole (not as a DTensor shard) right now: under FSDP
+    a unit's parameters are plain tensors between its all-gather and its reshard."""
+    return sum(local_bytes(p) for p in model.parameters() if not isinstance(p, DTensor))
 
 
 def one_step(setup, width, depth, batch):
