@@ -207,7 +207,13 @@ def resume_sharded(checkpoint, model, optimizer, out):
         return 1
     model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards
     state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=Path(out) / SHARDED_CHECKPOINT)  # fills them in place
+    folder = Path(out) / SHARDED_CHECKPOINT
+    try:
+        dcp.load(state, checkpoint_id=folder)  # fills them in place
+    except (Exception, dcp.CheckpointException) as error:  # DCP: the same on every rank
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"cannot read the sharded checkpoint {folder}: {first[:200]}; "
+                         "pass --overwrite to start again") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
     say(f"resuming after epoch {checkpoint['epoch']} from {out} (saved by "

@@ -1,10 +1,10 @@
 """train_fsdp.py: the companion scripts' contract, FSDP = DDP in float64, sharded checkpoints
 that resume on another number of ranks (2 -> 1 and 1 -> 2), one-line errors.
 
-Three torchrun starts in all, shared by every test through one session fixture: DDP on 2 ranks,
-FSDP on 2 ranks stopped after epoch 1, FSDP on 2 ranks resuming a 1-rank run. The 1-rank runs
-are what `torchrun --nproc-per-node 1` would start, made inside the test process (a world of
-one, joined over gloo): no torch import to pay for.
+Three torchrun starts in all, shared by every test through two session fixtures: DDP on 2 ranks
+and FSDP on 2 ranks stopped after epoch 1 (two_ranks), FSDP on 2 ranks resuming a 1-rank run
+(resumed). The 1-rank runs are what `torchrun --nproc-per-node 1` would start, made inside the
+test process (a world of one, joined over gloo): no torch import to pay for.
 """
 import json
 import os
@@ -54,31 +54,36 @@ def assert_one_line_error(result, *fragments):
 
 
 @pytest.fixture(scope="session")
-def runs(tmp_path_factory):
+def two_ranks(tmp_path_factory):
+    """DDP and FSDP on 2 ranks, 16 images each per step, float64; FSDP stops after epoch 1."""
     base = tmp_path_factory.mktemp("fsdp")
-    # DDP and FSDP on 2 ranks, 16 images each per step, one epoch (FSDP stops after it).
     run_script("train_ddp.py", nproc=2, out=base / "ddp", epochs=1, batch_size=16, **OPTIONS)
     run_script("train_fsdp.py", nproc=2, out=base / "two", epochs=2, stop_after_epoch=1,
                global_batch_size=32, **OPTIONS)
-    # 2 -> 1: the 2-rank checkpoint resumed by one rank.
+    return base
+
+
+@pytest.fixture(scope="session")
+def resumed(two_ranks):
+    """2 -> 1 and 1 -> 2 resumes, and the uninterrupted run both are compared with; returns
+    the output of the 2 -> 1 resume."""
+    base = two_ranks
     shutil.copytree(base / "two", base / "two_then_one")
     resumed = run_one_rank(*FLOAT64, "--epochs", "2", "--resume", "--out", base / "two_then_one")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    # 1 -> 2: a 1-rank checkpoint resumed by two ranks.
     first = run_one_rank(*FLOAT64, "--epochs", "2", "--stop-after-epoch", "1",
                          "--out", base / "one_then_two")
     assert first.returncode == 0, first.stdout + first.stderr
     run_script("train_fsdp.py", nproc=2, out=base / "one_then_two", epochs=2, resume=True,
                global_batch_size=32, **OPTIONS)
-    # The uninterrupted run both are compared with.
     straight = run_one_rank(*FLOAT64, "--epochs", "2", "--out", base / "straight")
     assert straight.returncode == 0, straight.stdout + straight.stderr
-    return base, resumed.stdout
+    return resumed.stdout
 
 
 @shares_fsdp_runs
-def test_metrics_checkpoints_and_what_each_rank_holds(runs):
-    base, _ = runs
+def test_metrics_checkpoints_and_what_each_rank_holds(two_ranks):
+    base = two_ranks
     rows = metrics_rows(base / "two", strict=True)
     assert [row["epoch"] for row in rows] == [1]
     row = rows[0]
@@ -111,8 +116,8 @@ def test_metrics_checkpoints_and_what_each_rank_holds(runs):
 
 
 @shares_fsdp_runs
-def test_fsdp_equals_ddp_in_float64(runs):
-    base, _ = runs
+def test_fsdp_equals_ddp_in_float64(two_ranks):
+    base = two_ranks
     fsdp, ddp = load_model_state(base / "two"), load_model_state(base / "ddp")
     assert fsdp["fc3.weight"].dtype == torch.float64
     assert max_difference(fsdp, ddp) < 1e-12
@@ -126,9 +131,9 @@ def momentum(state):
 
 @shares_fsdp_runs
 @pytest.mark.parametrize("name, world_sizes", [("two_then_one", [2, 1]), ("one_then_two", [1, 2])])
-def test_a_run_resumed_on_another_number_of_ranks_equals_an_uninterrupted_one(runs, name,
-                                                                               world_sizes):
-    base, resumed_output = runs
+def test_a_run_resumed_on_another_number_of_ranks_equals_an_uninterrupted_one(
+        two_ranks, resumed, name, world_sizes):
+    base, resumed_output = two_ranks, resumed
     rows = metrics_rows(base / name, strict=True)
     assert [(r["epoch"], r["world_size"], r["global_batch_size"]) for r in rows] == [
         (1, world_sizes[0], 32), (2, world_sizes[1], 32)]
@@ -145,8 +150,8 @@ def test_a_run_resumed_on_another_number_of_ranks_equals_an_uninterrupted_one(ru
 
 
 @shares_fsdp_runs
-def test_no_process_is_left_behind(runs):
-    base, _ = runs
+def test_no_process_is_left_behind(two_ranks, resumed):
+    base = two_ranks
     assert processes_mentioning(str(base)) == []
     assert processes_mentioning("train_fsdp.py") == []
 
@@ -155,8 +160,8 @@ def test_no_process_is_left_behind(runs):
 # Bad input: one line, exit status 2, nothing overwritten
 # ---------------------------------------------------------------------------------------
 @shares_fsdp_runs
-def test_refuses_to_overwrite_a_run(runs, tmp_path):
-    shutil.copytree(runs[0] / "two", tmp_path / "two")
+def test_refuses_to_overwrite_a_run(two_ranks, tmp_path):
+    shutil.copytree(two_ranks / "two", tmp_path / "two")
     before = (tmp_path / "two" / "metrics.jsonl").read_text()
     result = run_one_rank(*FLOAT64, "--epochs", "2", "--out", tmp_path / "two")
     assert_one_line_error(result, "already holds a run; pass --resume")
@@ -164,18 +169,23 @@ def test_refuses_to_overwrite_a_run(runs, tmp_path):
 
 
 @shares_fsdp_runs
-def test_a_missing_sharded_checkpoint_is_an_error_not_a_fresh_start(runs, tmp_path):
-    shutil.copytree(runs[0] / "two", tmp_path / "two")
+def test_a_missing_or_broken_sharded_checkpoint_is_an_error_not_a_fresh_start(two_ranks, tmp_path):
+    shutil.copytree(two_ranks / "two", tmp_path / "two")
     shutil.rmtree(tmp_path / "two" / SHARDED_CHECKPOINT)
     result = run_one_rank(*FLOAT64, "--epochs", "2", "--resume", "--out", tmp_path / "two")
     assert_one_line_error(result, "holds epochs [1] but no sharded checkpoint",
                           "checkpoint.dcp is missing")
     assert [r["epoch"] for r in metrics_rows(tmp_path / "two")] == [1]
+    # A folder without DCP's plan (.metadata): unreadable, said in one line too.
+    shutil.copytree(two_ranks / "two" / SHARDED_CHECKPOINT, tmp_path / "two" / SHARDED_CHECKPOINT)
+    (tmp_path / "two" / SHARDED_CHECKPOINT / ".metadata").unlink()
+    result = run_one_rank(*FLOAT64, "--epochs", "2", "--resume", "--out", tmp_path / "two")
+    assert_one_line_error(result, "cannot read the sharded checkpoint")
 
 
 @shares_fsdp_runs
-def test_resuming_with_another_global_batch_says_which(runs, tmp_path):
-    shutil.copytree(runs[0] / "two", tmp_path / "two")
+def test_resuming_with_another_global_batch_says_which(two_ranks, tmp_path):
+    shutil.copytree(two_ranks / "two", tmp_path / "two")
     args = [arg for arg in FLOAT64 if arg not in ("--global-batch-size", "32")]
     result = run_one_rank(*args, "--batch-size", "16", "--epochs", "2", "--resume",
                           "--out", tmp_path / "two")
