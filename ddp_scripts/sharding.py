@@ -57,8 +57,8 @@ class WideMLP(nn.Module):
     """The 3x32x32 image flattened, `depth` residual blocks of `width`, ten classes.
 
     About (3072 + 8 x depth x width) x width parameters: width 256 and depth 4 (the default,
-    for CI) make 2.9 million; width 4096 and depth 8 make 1.1 billion, which with their
-    gradients and SGD's momentum no longer fit on one 24 GB GPU in float32.
+    for CI) make 2.9 million; width 8192 and depth 8 make 4.3 billion, which with their
+    gradients and SGD's momentum take 52 GB in float32, more than a 40 GB GPU holds.
     """
 
     def __init__(self, width=256, depth=4):
