@@ -124,7 +124,9 @@ def per_rank_batch(args, world_size):
     """--global-batch-size split over the ranks (or --batch-size, per rank, without it)."""
     if args.global_batch_size is None:
         return args.batch_size
-    if args.global_batch_size < 1 or args.global_batch_size % world_size:
+    if args.global_batch_size < 1:
+        raise UsageError(f"--global-batch-size must be at least 1, got {args.global_batch_size}")
+    if args.global_batch_size % world_size:
         raise UsageError(f"a global batch of {args.global_batch_size} does not split over "
                          f"{world_size} ranks: use a multiple of {world_size}, or another "
                          "number of ranks")

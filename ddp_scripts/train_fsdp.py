@@ -1,12 +1,15 @@
 """Train and test a model with FSDP, fully sharded data parallel: each rank holds a shard of every weight.
 
     torchrun --standalone --nproc_per_node 2 ddp_scripts/train_fsdp.py --dataset synthetic --out runs/fsdp
-    torchrun --standalone --nproc_per_node 1 ddp_scripts/train_fsdp.py --dataset synthetic --out runs/fsdp --resume
+    torchrun --standalone --nproc_per_node 2 ddp_scripts/train_fsdp.py --model mlp --width 1024 \
+        --global-batch-size 64 --dataset synthetic --out runs/fsdp-mlp --stop-after-epoch 1
+    torchrun --standalone --nproc_per_node 1 ddp_scripts/train_fsdp.py --model mlp --width 1024 \
+        --global-batch-size 64 --dataset synthetic --out runs/fsdp-mlp --resume
 
 This is train_ddp.py with the lines marked FSDP changed (fully_shard instead of the DDP
 wrapper, the optimizer made after sharding, sharded checkpoints): `diff ddp_scripts/train_ddp.py
 ddp_scripts/train_fsdp.py` shows what sharding takes. A run saved by N ranks resumes on M
-(the second line); --global-batch-size keeps the training the same when the ranks change.
+(the last two lines); --global-batch-size keeps the training the same when the ranks change.
 """
 import time
 
