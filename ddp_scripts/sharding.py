@@ -171,8 +171,11 @@ def prepare_sharded_out_dir(args, global_batch_size):
     folder = out / SHARDED_CHECKPOINT
     if not folder.exists():
         if logged_epochs(out):  # starting again would throw away epochs that were trained
+            previous = folder.with_name(folder.name + ".old")  # see save_sharded
+            hint = (f"rename {previous.name} to {folder.name}" if previous.exists()
+                    else "restore it")
             raise UsageError(f"{out} holds epochs {logged_epochs(out)} but no sharded checkpoint "
-                             f"({folder} is missing): restore it, or pass --overwrite")
+                             f"({folder} is missing): {hint}, or pass --overwrite")
         return None  # nothing to resume: start fresh, as the other scripts do
     try:
         info = json.loads((folder / CHECKPOINT_INFO).read_text())
@@ -225,7 +228,8 @@ def resume_sharded(checkpoint, model, optimizer, out):
 
 def save_sharded(out, model, optimizer, epoch, args, global_batch_size):
     """Every rank writes its shards into OUT/checkpoint.dcp.next; rank 0 then puts it in place
-    of OUT/checkpoint.dcp. A crash mid-save leaves the previous checkpoint whole."""
+    of OUT/checkpoint.dcp. A crash mid-save leaves the previous checkpoint whole (between
+    the two renames, as checkpoint.dcp.old, which --resume then names)."""
     out = Path(out)
     model_state, optimizer_state = get_state_dict(model, optimizer)
     folder, new, old = (out / (SHARDED_CHECKPOINT + suffix) for suffix in ("", ".next", ".old"))
