@@ -6,6 +6,9 @@ tests read them. Nothing here imports torch, so the launcher stays quick to impo
     OUT/metrics.jsonl   one JSON object per finished epoch (the last line may be cut short
                         by a crash: readers skip it)
     OUT/checkpoint.pt   model, optimizer and epoch, written atomically after each epoch
+                        (train_fsdp.py: the whole model gathered once, when the run ends)
+    OUT/checkpoint.dcp/ train_fsdp.py's sharded checkpoint (torch.distributed.checkpoint),
+                        every rank's shards, replaced whole after each epoch
     OUT/run.json        the run's summary, written once it has finished
 
 A rank that fails writes a JSON error file where torchrun's agent tells it to
@@ -19,6 +22,7 @@ import traceback
 from pathlib import Path
 
 METRICS, CHECKPOINT, SUMMARY = "metrics.jsonl", "checkpoint.pt", "run.json"
+SHARDED_CHECKPOINT = "checkpoint.dcp"
 ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
 ERROR_FILE_NAME = "error.json"
 

@@ -1,4 +1,5 @@
-"""train_single.py -> train_dp.py -> train_ddp.py read as one progression: the diff is the lesson."""
+"""train_single.py -> train_dp.py -> train_ddp.py -> train_fsdp.py read as one progression: the
+diff is the lesson."""
 import difflib
 import re
 
@@ -33,7 +34,22 @@ def test_every_change_is_marked_and_the_diff_stays_short(script, mark, most_adde
             f"a change in {script} is not marked {mark}:\n" + "\n".join(removed + ["---"] + new))
 
 
-@pytest.mark.parametrize("script", ["train_single.py", "train_dp.py", "train_ddp.py"])
+def test_fsdp_changes_ddp_in_marked_lines_only():
+    """train_ddp.py -> train_fsdp.py. At most 50 lines (49 now): 13 of options (the wide MLP,
+    the global batch, one per memory setting), 11 of imports, 4 in setup (the per-rank batch),
+    2 comments on the training step, and 19 for sharding, the optimizer after it, the sharded
+    checkpoints, the whole-model export and evaluation in step."""
+    ddp, fsdp = code_lines(SCRIPTS / "train_ddp.py"), code_lines(SCRIPTS / "train_fsdp.py")
+    changes = hunks(ddp, fsdp)
+    added = sum(len(new) for _, new in changes)
+    assert 0 < added <= 50, f"train_fsdp.py adds or changes {added} lines of train_ddp.py"
+    for removed, new in changes:
+        assert any(re.search(r"#.*\bFSDP\b", line) for line in new), (
+            "a change in train_fsdp.py is not marked FSDP:\n" + "\n".join(removed + ["---"] + new))
+
+
+@pytest.mark.parametrize("script", ["train_single.py", "train_dp.py", "train_ddp.py",
+                                    "train_fsdp.py"])
 def test_the_training_loop_is_in_each_script(script):
     text = (SCRIPTS / script).read_text()
     for step in ("model(images)", "F.cross_entropy(", "loss.backward()", "optimizer.step()",

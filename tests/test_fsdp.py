@@ -1,0 +1,259 @@
+"""train_fsdp.py: the companion scripts' contract, FSDP = DDP in float64, sharded checkpoints
+that resume on another number of ranks (2 -> 1 and 1 -> 2), one-line errors.
+
+Three torchrun starts in all, shared by every test through two session fixtures: DDP on 2 ranks
+and FSDP on 2 ranks stopped after epoch 1 (two_ranks), FSDP on 2 ranks resuming a 1-rank run
+(resumed). The 1-rank runs are what `torchrun --nproc-per-node 1` would start, made inside the
+test process (a world of one, joined over gloo): no torch import to pay for.
+"""
+import json
+import os
+import shutil
+from unittest import mock
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddp_scripts.launcher import free_port, run_script
+from ddp_scripts.mistakes.faults import processes_mentioning
+from ddp_scripts.runfiles import CHECKPOINT, SHARDED_CHECKPOINT, metrics_rows
+from helpers import SMALL, load_model_state, max_difference, run_in_process
+
+CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_time_s",
+                 "samples_per_s", "world_size", "device", "backend", "strategy"}
+HELD_KEYS = {"param_bytes_per_rank", "grad_bytes_per_rank", "optimizer_bytes_per_rank",
+             "parameters", "max_memory_allocated"}
+# float64, the CNN, a global batch of 32 however many ranks: every run below trains the same model.
+FLOAT64 = [*SMALL, "--dtype", "float64", "--device", "cpu", "--global-batch-size", "32"]
+OPTIONS = dict(dataset="synthetic", train_samples=512, test_samples=128, dtype="float64",
+               device="cpu", timeout=300, progress=False, echo=lambda line: None)
+
+shares_fsdp_runs = pytest.mark.xdist_group("fsdp_runs")
+
+
+def run_one_rank(*args):
+    """train_fsdp.py as `torchrun --nproc-per-node 1` would run it, inside this process."""
+    env = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    with mock.patch.dict(os.environ, env):
+        try:
+            return run_in_process("train_fsdp.py", *args)
+        finally:
+            if dist.is_initialized():  # a run that failed after joining: leave its group
+                dist.destroy_process_group()
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, result.stderr
+    assert "error: " in errors[0] and "Traceback" not in result.stderr + result.stdout
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+@pytest.fixture(scope="session")
+def two_ranks(tmp_path_factory):
+    """DDP and FSDP on 2 ranks, 16 images each per step, float64; FSDP stops after epoch 1."""
+    base = tmp_path_factory.mktemp("fsdp")
+    run_script("train_ddp.py", nproc=2, out=base / "ddp", epochs=1, batch_size=16, **OPTIONS)
+    run_script("train_fsdp.py", nproc=2, out=base / "two", epochs=2, stop_after_epoch=1,
+               global_batch_size=32, **OPTIONS)
+    return base
+
+
+@pytest.fixture(scope="session")
+def resumed(two_ranks):
+    """2 -> 1 and 1 -> 2 resumes, and the uninterrupted run both are compared with; returns
+    the output of the 2 -> 1 resume."""
+    base = two_ranks
+    shutil.copytree(base / "two", base / "two_then_one")
+    resumed = run_one_rank(*FLOAT64, "--epochs", "2", "--resume", "--out", base / "two_then_one")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    first = run_one_rank(*FLOAT64, "--epochs", "2", "--stop-after-epoch", "1",
+                         "--out", base / "one_then_two")
+    assert first.returncode == 0, first.stdout + first.stderr
+    run_script("train_fsdp.py", nproc=2, out=base / "one_then_two", epochs=2, resume=True,
+               global_batch_size=32, **OPTIONS)
+    straight = run_one_rank(*FLOAT64, "--epochs", "2", "--out", base / "straight")
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+    return resumed.stdout
+
+
+@shares_fsdp_runs
+def test_metrics_checkpoints_and_what_each_rank_holds(two_ranks):
+    base = two_ranks
+    rows = metrics_rows(base / "two", strict=True)
+    assert [row["epoch"] for row in rows] == [1]
+    row = rows[0]
+    assert CONTRACT_KEYS | HELD_KEYS <= row.keys()
+    assert (row["world_size"], row["backend"], row["strategy"]) == (2, "gloo", "fsdp")
+    assert (row["batch_size"], row["global_batch_size"]) == (16, 32)
+    assert row["test_samples"] == 128 and row["train_samples"] == 512
+    # Each rank holds about half of every weight, of its gradient, of its momentum.
+    whole = row["parameters"] * 8  # float64
+    for key in ("param_bytes_per_rank", "grad_bytes_per_rank", "optimizer_bytes_per_rank"):
+        assert whole / 2 <= row[key] < whole / 2 * 1.1, (key, row[key], whole)
+    assert row["max_memory_allocated"] is None  # a GPU's figure; this run is on the CPU
+    # The sharded checkpoint: one file of shards per rank, DCP's plan, and what it holds.
+    folder = base / "two" / SHARDED_CHECKPOINT
+    assert sorted(p.name for p in folder.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    info = json.loads((folder / "checkpoint.json").read_text())
+    assert (info["epoch"], info["world_size"], info["global_batch_size"]) == (1, 2, 32)
+    # The whole model, for one process without a process group: torch.load(weights_only=True).
+    state = torch.load(base / "two" / CHECKPOINT, map_location="cpu", weights_only=True)
+    assert {"model", "optimizer", "epoch"} <= state.keys() and state["epoch"] == 1
+    from ddp_scripts.common import build_model
+    model = build_model("cnn", dtype=torch.float64)
+    model.load_state_dict(state["model"])  # strict: every name and shape as unsharded
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    optimizer.load_state_dict(state["optimizer"])  # keyed by parameter number, as unsharded
+    assert all(isinstance(t, torch.Tensor) and type(t) is torch.Tensor
+               for t in state["model"].values())  # plain tensors, no DTensor shards
+    assert not any(name.startswith(".") or name.endswith(".next")
+                   for name in os.listdir(base / "two"))
+
+
+@shares_fsdp_runs
+def test_fsdp_equals_ddp_in_float64(two_ranks):
+    base = two_ranks
+    fsdp, ddp = load_model_state(base / "two"), load_model_state(base / "ddp")
+    assert fsdp["fc3.weight"].dtype == torch.float64
+    assert max_difference(fsdp, ddp) < 1e-12
+    from ddp_scripts.common import build_model
+    assert max_difference(build_model("cnn", dtype=torch.float64).state_dict(), fsdp) > 1e-3
+
+
+def momentum(state):
+    return [s["momentum_buffer"] for _, s in sorted(state["optimizer"]["state"].items())]
+
+
+@shares_fsdp_runs
+@pytest.mark.parametrize("name, world_sizes", [("two_then_one", [2, 1]), ("one_then_two", [1, 2])])
+def test_a_run_resumed_on_another_number_of_ranks_equals_an_uninterrupted_one(
+        two_ranks, resumed, name, world_sizes):
+    base, resumed_output = two_ranks, resumed
+    rows = metrics_rows(base / name, strict=True)
+    assert [(r["epoch"], r["world_size"], r["global_batch_size"]) for r in rows] == [
+        (1, world_sizes[0], 32), (2, world_sizes[1], 32)]
+    resumed = torch.load(base / name / CHECKPOINT, weights_only=True)
+    straight = torch.load(base / "straight" / CHECKPOINT, weights_only=True)
+    assert resumed["epoch"] == straight["epoch"] == 2
+    assert max_difference(resumed["model"], straight["model"]) < 1e-12
+    assert max(max_difference(a, b) for a, b in zip(momentum(resumed), momentum(straight))) < 1e-12
+    info = json.loads((base / name / SHARDED_CHECKPOINT / "checkpoint.json").read_text())
+    assert info["world_size"] == world_sizes[1]
+    if name == "two_then_one":
+        assert "resuming after epoch 1" in resumed_output
+        assert "saved by 2 rank(s), loaded by 1" in resumed_output
+
+
+@shares_fsdp_runs
+def test_no_process_is_left_behind(two_ranks, resumed):
+    base = two_ranks
+    assert processes_mentioning(str(base)) == []
+    assert processes_mentioning("train_fsdp.py") == []
+
+
+# ---------------------------------------------------------------------------------------
+# Bad input: one line, exit status 2, nothing overwritten
+# ---------------------------------------------------------------------------------------
+@shares_fsdp_runs
+def test_refuses_to_overwrite_a_run(two_ranks, tmp_path):
+    shutil.copytree(two_ranks / "two", tmp_path / "two")
+    before = (tmp_path / "two" / "metrics.jsonl").read_text()
+    result = run_one_rank(*FLOAT64, "--epochs", "2", "--out", tmp_path / "two")
+    assert_one_line_error(result, "already holds a run; pass --resume")
+    assert (tmp_path / "two" / "metrics.jsonl").read_text() == before
+
+
+@shares_fsdp_runs
+def test_a_missing_or_broken_sharded_checkpoint_is_an_error_not_a_fresh_start(two_ranks, tmp_path):
+    shutil.copytree(two_ranks / "two", tmp_path / "two")
+    shutil.rmtree(tmp_path / "two" / SHARDED_CHECKPOINT)
+    result = run_one_rank(*FLOAT64, "--epochs", "2", "--resume", "--out", tmp_path / "two")
+    assert_one_line_error(result, "holds epochs [1] but no sharded checkpoint",
+                          "checkpoint.dcp is missing")
+    assert [r["epoch"] for r in metrics_rows(tmp_path / "two")] == [1]
+    # A folder without DCP's plan (.metadata): unreadable, said in one line too.
+    shutil.copytree(two_ranks / "two" / SHARDED_CHECKPOINT, tmp_path / "two" / SHARDED_CHECKPOINT)
+    (tmp_path / "two" / SHARDED_CHECKPOINT / ".metadata").unlink()
+    result = run_one_rank(*FLOAT64, "--epochs", "2", "--resume", "--out", tmp_path / "two")
+    assert_one_line_error(result, "cannot read the sharded checkpoint")
+
+
+@shares_fsdp_runs
+def test_resuming_with_another_global_batch_says_which(two_ranks, tmp_path):
+    shutil.copytree(two_ranks / "two", tmp_path / "two")
+    args = [arg for arg in FLOAT64 if arg not in ("--global-batch-size", "32")]
+    result = run_one_rank(*args, "--batch-size", "16", "--epochs", "2", "--resume",
+                          "--out", tmp_path / "two")
+    assert_one_line_error(result, "trained with a global batch of 32 and this run's is 16",
+                          "--global-batch-size 32")
+
+
+def test_a_global_batch_that_does_not_split_over_the_ranks(tmp_path):
+    """Found before the ranks meet: a world of 3 need not exist for the error."""
+    env = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3"}
+    with mock.patch.dict(os.environ, env):
+        result = run_in_process("train_fsdp.py", *FLOAT64, "--out", tmp_path / "run")
+    assert_one_line_error(result, "a global batch of 32 does not split over 3 ranks")
+    assert not (tmp_path / "run").exists()
+
+
+def test_outside_torchrun_and_cpu_offload_on_a_cpu(tmp_path):
+    result = run_in_process("train_fsdp.py", *SMALL, "--device", "cpu", "--out", tmp_path / "a")
+    assert_one_line_error(result, "start this script with torchrun")
+    result = run_one_rank(*SMALL, "--device", "cpu", "--cpu-offload", "--out", tmp_path / "b")
+    assert_one_line_error(result, "--cpu-offload", "on cpu already")
+
+
+def test_test_batches_that_would_leave_a_rank_waiting():
+    from ddp_scripts.common import UsageError
+    from ddp_scripts.sharding import check_same_number_of_batches
+    check_same_number_of_batches(128, 16, 2)
+    with pytest.raises(UsageError, match="give the 2 ranks 1 or 2 batches"):
+        check_same_number_of_batches(33, 16, 2)  # rank 0: 17 images, rank 1: 16
+
+
+# ---------------------------------------------------------------------------------------
+# The model worth sharding, and the memory options
+# ---------------------------------------------------------------------------------------
+def test_wide_mlp_with_activation_checkpointing_trains_the_same_model(tmp_path):
+    """Recomputing activations in backward saves memory and changes no number."""
+    mlp = [*SMALL, "--model", "mlp", "--width", "64", "--depth", "2", "--epochs", "1",
+           "--device", "cpu"]
+    plain = run_one_rank(*mlp, "--out", tmp_path / "plain")
+    recomputed = run_one_rank(*mlp, "--activation-checkpointing", "--out", tmp_path / "ac")
+    assert plain.returncode == 0 and recomputed.returncode == 0, plain.stderr + recomputed.stderr
+    assert max_difference(load_model_state(tmp_path / "plain"),
+                          load_model_state(tmp_path / "ac")) == 0.0
+    row = metrics_rows(tmp_path / "plain", strict=True)[0]
+    assert row["parameters"] == (3072 + 1) * 64 + 2 * (2 * 64 + 8 * 64 * 64 + 5 * 64) \
+        + 2 * 64 + 64 * 10 + 10
+    low = run_one_rank(*mlp, "--mixed-precision", "bfloat16", "--out", tmp_path / "bf16")
+    assert low.returncode == 0, low.stderr
+    state = load_model_state(tmp_path / "bf16")
+    assert state["stem.weight"].dtype == torch.float32  # the weights stay float32; compute is bf16
+    assert torch.isfinite(torch.tensor(metrics_rows(tmp_path / "bf16")[0]["train_loss"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs: nccl, one rank each")
+def test_on_two_gpus_nccl_and_peak_memory(tmp_path):
+    frame = run_script("train_fsdp.py", nproc=2, out=tmp_path, dataset="synthetic",
+                       train_samples=512, test_samples=128, epochs=1, model="mlp",
+                       device="cuda", timeout=300, progress=False)
+    row = frame.iloc[-1]
+    assert (row["backend"], row["device"]) == ("nccl", "cuda:0")
+    assert row["max_memory_allocated"] > row["param_bytes_per_rank"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: CPU offload")
+def test_cpu_offload_on_a_gpu(tmp_path):
+    frame = run_script("train_fsdp.py", nproc=1, out=tmp_path, dataset="synthetic",
+                       train_samples=256, test_samples=64, epochs=1, model="mlp",
+                       cpu_offload=True, device="cuda", timeout=300, progress=False)
+    assert frame.iloc[-1]["strategy"] == "fsdp"
