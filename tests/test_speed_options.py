@@ -332,3 +332,106 @@ def test_ddp_on_two_gpus_with_every_lever(tmp_path):
                        progress=False)
     assert frame["train_loss"].iloc[-1] < frame["train_loss"].iloc[0]
     assert frame["compile_s"].iloc[0] > 0 and frame["data_on_device"].all()
+
+
+# ---------------------------------------------------------------------------------------
+# The benchmark's tuned rows (benchmark.py --tuned)
+# ---------------------------------------------------------------------------------------
+def tuned_plan(gpu_count, model="cnn", bf16=True):
+    from ddp_scripts.benchmark import CONFIGS, plan_runs, settings_for
+    settings = settings_for("smoke", model=model)
+    runs = plan_runs(CONFIGS, settings, gpu_count, "runs/b", gpu_names=["NVIDIA H200"] * gpu_count,
+                     tuned=True, cpu_best={"threads": 2, "batch_size": 256}, bf16=bf16)
+    return {run["config"]: run for run in runs}
+
+
+def test_tuned_plan_puts_each_tuned_row_beside_its_plain_one():
+    from ddp_scripts.benchmark import ROW_ORDER
+    assert list(tuned_plan(2)) == list(ROW_ORDER)
+    for config, run in tuned_plan(2).items():
+        assert run.get("tuned", False) == config.endswith("-tuned")
+        assert run["out"].endswith("/" + config)
+
+
+def test_tuned_cpu_row_gets_its_best_threads_and_batch_only():
+    runs = tuned_plan(0)
+    cpu, tuned = runs["cpu"]["options"], runs["cpu-tuned"]["options"]
+    assert "skip" not in runs["cpu-tuned"]
+    assert (tuned["threads"], tuned["batch_size"]) == (2, 256) and "threads" not in cpu
+    assert {k: v for k, v in tuned.items() if k not in ("threads", "batch_size")} == {
+        k: v for k, v in cpu.items() if k != "batch_size"}
+    assert runs["cpu-tuned"]["global_batch_size"] == 256
+
+
+@pytest.mark.parametrize("model, bf16, extra", [
+    ("cnn", True, {}),
+    ("resnet18", True, {"amp": "bf16", "channels_last": True}),
+    ("resnet18", False, {"amp": "fp16", "channels_last": True}),
+])
+def test_tuned_gpu_rows_get_the_fastest_options_at_the_same_batch(model, bf16, extra):
+    runs = tuned_plan(2, model, bf16)
+    for config in ("gpu", "ddp"):
+        plain, tuned = runs[config], runs[config + "-tuned"]
+        assert "skip" not in tuned and tuned["processes"] == plain["processes"]
+        assert tuned["batch_size_per_process"] == plain["batch_size_per_process"]
+        added = {k: v for k, v in tuned["options"].items() if plain["options"].get(k) != v}
+        assert added == {"data_on_device": True, "compile": "reduce-overhead", "tf32": True,
+                         **extra}
+    assert "dp-tuned" not in runs  # DataParallel is not tuned: DDP replaces it
+
+
+def test_tuned_rows_are_skipped_with_the_plain_rows_reason():
+    runs = tuned_plan(1)
+    assert "skip" not in runs["gpu-tuned"]
+    assert runs["ddp-tuned"]["skip"] == runs["ddp"]["skip"]
+    no_gpu = tuned_plan(0)
+    assert no_gpu["gpu-tuned"]["skip"] == no_gpu["gpu"]["skip"]
+    assert "GPU levers" in no_gpu["ddp-tuned"]["skip"]  # ddp runs on the CPU: nothing to tune
+
+
+def test_table_shows_tuned_rows_beside_plain_ones_with_their_speed_ups():
+    from ddp_scripts.benchmark import results_table
+
+    def measured(config, gpus, epoch_s):
+        return {"config": config, "status": "measured", "description": config, "processes": 1,
+                "batch_size_per_process": 64, "global_batch_size": 64,
+                "threads_per_process": 1, "gpus": gpus, "wall_s": 10 * epoch_s,
+                "startup_s": 1.0, "steady_epoch_s": epoch_s, "samples_per_s": 1 / epoch_s,
+                "test_accuracy": 0.5}
+    results = {"runs": [measured("cpu", 0, 8.0), measured("cpu-tuned", 0, 4.0),
+                        measured("gpu", 1, 2.0), measured("gpu-tuned", 1, 0.25),
+                        measured("ddp", 2, 1.25), measured("ddp-tuned", 2, 0.2)]}
+    table = results_table(results)
+    assert list(table.index) == ["cpu", "cpu-tuned", "gpu", "gpu-tuned", "ddp", "ddp-tuned"]
+    assert table.loc["gpu-tuned", "x untuned"] == 8.0 and table.loc["cpu-tuned", "x untuned"] == 2.0
+    assert table.loc["gpu-tuned", "x tuned CPU"] == 16.0
+    assert table.loc["ddp-tuned", "x 1 GPU"] == 1.25  # against the tuned one-GPU row
+    assert table.loc["ddp-tuned", "efficiency"] == pytest.approx(0.625)
+    assert table["x untuned"].isna().tolist() == [True, False, True, False, True, False]
+
+
+def test_tuned_smoke_benchmark_on_this_machine(tmp_path):
+    """`--tuned` end to end: the CPU probe, the plain and tuned cpu rows (and the GPU rows
+    where there is a GPU, else skipped with the reason)."""
+    import subprocess
+    import sys
+    from ddp_scripts.benchmark import load_results, results_table
+    from helpers import SCRIPTS
+    out = tmp_path / "tuned.json"
+    done = subprocess.run([sys.executable, str(SCRIPTS / "benchmark.py"), "--size", "smoke",
+                           "--configs", "cpu,gpu", "--tuned", "--out", str(out),
+                           "--runs-dir", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = load_results(out)
+    runs = {run["config"]: run for run in results["runs"]}
+    assert list(runs) == ["cpu", "cpu-tuned", "gpu", "gpu-tuned"] and results["tuned"]
+    probe = results["cpu_probe"]
+    assert runs["cpu-tuned"]["status"] == "measured"
+    assert runs["cpu-tuned"]["levers"] == {"threads": probe["threads"],
+                                           "batch_size": probe["batch_size"]}
+    assert runs["cpu-tuned"]["threads_per_process"] == probe["threads"]
+    assert len(probe["probe"]) >= 2 and all(row["samples_per_s"] > 0 for row in probe["probe"])
+    if not CUDA:
+        assert runs["gpu-tuned"]["status"] == "skipped" and "GPU" in runs["gpu-tuned"]["reason"]
+    assert results_table(results).loc["cpu-tuned", "x untuned"] > 0
