@@ -40,7 +40,7 @@ def add_speed_options(parser):
     g.add_argument("--data-on-device", action="store_true",
                    help="copy the data set to the GPU once and cut batches there by indexing "
                         "(no per-batch copy; on a CPU run it changes nothing)")
-    g.add_argument("--workers", type=int, default=0,
+    g.add_argument("--workers", type=int, default=0, metavar="N",
                    help="data on the CPU: make batches in N worker processes (default 0: in "
                         "the training process)")
     g.add_argument("--pin-memory", action="store_true",
