@@ -441,11 +441,11 @@ def test_resnet18_is_the_cifar_variant():
     """3x3 stride-1 stem, no max-pool: a 32x32 image is still 32x32 when the first block
     starts (torchvision's ImageNet stem would leave 8x8)."""
     model = build_model("resnet18")
+    again = build_model("resnet18")  # the same seed, the same weights
+    assert max_difference(model.state_dict(), again.state_dict()) == 0.0
     assert (model.conv1.kernel_size, model.conv1.stride) == ((3, 3), (1, 1))
     assert isinstance(model.maxpool, nn.Identity)
     stem = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool)
     with torch.no_grad():
         assert stem(torch.randn(2, 3, 32, 32)).shape == (2, 64, 32, 32)
         assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
-    again = build_model("resnet18")  # the same seed, the same weights
-    assert max_difference(model.state_dict(), again.state_dict()) == 0.0
