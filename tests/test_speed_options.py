@@ -449,3 +449,28 @@ def test_resnet18_is_the_cifar_variant():
     with torch.no_grad():
         assert stem(torch.randn(2, 3, 32, 32)).shape == (2, 64, 32, 32)
         assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_augmented_batches_are_the_same_on_the_device_path_and_the_loader_path():
+    """--augment draws the same crops whether batches are cut by DeviceBatches (the path of
+    --data-on-device, here on the CPU) or made by the DataLoader in the training process."""
+    from torch.utils.data import RandomSampler
+    from ddp_scripts.common import TensorImages
+    (images, labels), _ = synthetic_cifar(96, 10)
+    data = TensorImages(images, labels, "synthetic")
+    levers = levers_for()
+    shuffle = torch.Generator()
+    on_device = DeviceBatches(data, 32, RandomSampler(data, generator=shuffle),
+                              torch.device("cpu"), RandomCropFlip(seed=0))
+    loader = levers.loader(data, 32, RandomSampler(data, generator=shuffle), augment=True)
+    for epoch in (1, 2):
+        shuffle.manual_seed(epoch)
+        first = list(on_device)
+        shuffle.manual_seed(epoch)
+        second = list(loader)
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                   for a, b in zip(first, second, strict=True))
+        shuffle.manual_seed(epoch)
+        plain = list(DeviceBatches(data, 32, RandomSampler(data, generator=shuffle), "cpu"))
+        assert torch.equal(plain[0][1], first[0][1])  # the same images, in the same order,
+        assert not torch.equal(plain[0][0], first[0][0])  # cropped and flipped
