@@ -3,6 +3,7 @@
     python ddp_scripts/benchmark.py --size smoke --out runs/benchmark.json     # seconds
     python ddp_scripts/benchmark.py --size full --out results/my-lab.json      # minutes on a GPU
     python ddp_scripts/benchmark.py --configs cpu,ddp --epochs 3 --out runs/b.json
+    python ddp_scripts/benchmark.py --size full --tuned --out results/my-lab-tuned.json
 
 Every configuration trains the same model on the same data for the same epochs with the
 same global batch (DDP with N processes: --batch-size global/N per process). Each one is a
@@ -10,10 +11,17 @@ run of the companion scripts, in a directory of its own under --runs-dir:
 
     cpu   train_single.py --device cpu                   one process, all cores
     gpu   train_single.py --device cuda                  one process, one GPU
-    dp    train_single.py --device cuda --data-parallel  one process, every visible GPU
+    dp    train_dp.py --device cuda                      one process, every visible GPU
     ddp   train_ddp.py under torchrun                    one process per visible GPU (nccl);
                                                          on a machine without a GPU, processes
                                                          that share the cores (gloo)
+
+With --tuned, three more rows, each beside its plain one (chapter 10):
+
+    cpu-tuned  the cpu row with the thread count and batch that trained fastest in a short probe
+    gpu-tuned  the gpu row with the fastest options: data on the GPU, the step replayed as
+               CUDA graphs, TF32; for ResNet-18 also bf16 (fp16 without bf16) and channels_last
+    ddp-tuned  the ddp row on GPUs with the same options (on the CPU: skipped, with the reason)
 
 Each configuration runs --repeats times, round after round (cpu, gpu, dp, ddp, then again), so
 that other work on the machine slows one repeat of several configurations rather than every
@@ -45,6 +53,8 @@ from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY
 SCRIPTS = Path(__file__).resolve().parent
 ROOT = SCRIPTS.parent
 CONFIGS = ("cpu", "gpu", "dp", "ddp")
+TUNED = ("cpu-tuned", "gpu-tuned", "ddp-tuned")  # --tuned: each runs after its plain row
+ROW_ORDER = ("cpu", "cpu-tuned", "gpu", "gpu-tuned", "dp", "ddp", "ddp-tuned")
 SCHEMA = 1
 
 # Two sizes. smoke: seconds on two CPU cores (CI). full: the whole CIFAR-10 training set
@@ -65,8 +75,24 @@ RELIABLE_SPREAD = 1.5
 # ---------------------------------------------------------------------------------------
 # The plan: one command per configuration, or the reason it cannot run here
 # ---------------------------------------------------------------------------------------
-def plan_runs(configs, settings, gpu_count, runs_dir, cpu_processes=2, gpu_names=()):
-    """A list of runs: each with its command and batch split, or status 'skipped' and why."""
+def tuned_gpu_options(model, bf16=True):
+    """The fastest options of the training scripts on a GPU (chapter 10), as the H200 measured
+    them (results/gpu-runs/2026-11-30-h200/micro.txt): the data set kept on the GPU and the
+    step replayed as CUDA graphs; for ResNet-18, whose convolutions are large enough for
+    tensor cores, also bf16 (fp16 on a GPU without bf16) and the channels_last layout."""
+    options = {"data_on_device": True, "compile": "reduce-overhead", "tf32": True}
+    if model == "resnet18":
+        options.update(amp="bf16" if bf16 else "fp16", channels_last=True)
+    return options
+
+
+def plan_runs(configs, settings, gpu_count, runs_dir, cpu_processes=2, gpu_names=(),
+              tuned=False, cpu_best=None, bf16=True):
+    """A list of runs: each with its command and batch split, or status 'skipped' and why.
+
+    tuned: each of cpu, gpu and ddp is followed by its tuned row (`tuned_runs`); cpu_best
+    gives the cpu-tuned row its threads and batch (`best_cpu_setting`); bf16: whether the
+    GPUs have bfloat16 arithmetic (else the tuned rows use fp16)."""
     runs = []
     shared = {"dataset": settings["dataset"], "data_dir": settings["data_dir"],
               "train_samples": settings["train_samples"],
@@ -126,7 +152,75 @@ def plan_runs(configs, settings, gpu_count, runs_dir, cpu_processes=2, gpu_names
         run["batch_size_per_process"] = global_batch // run["processes"]
         run["options"] = {**shared, **run["options"], "batch_size": run["batch_size_per_process"]}
         runs.append(run)
+        if tuned and config in ("cpu", "gpu", "ddp"):
+            runs.append(tuned_run(run, settings["model"], runs_dir, cpu_best, bf16))
     return runs
+
+
+def tuned_run(plain, model, runs_dir, cpu_best=None, bf16=True):
+    """The tuned row of a plain one: the same training, with the fastest options."""
+    config = plain["config"] + "-tuned"
+    run = {**plain, "config": config, "out": str(Path(runs_dir) / config),
+           "options": dict(plain["options"]), "tuned": True}
+    if plain["config"] == "cpu":
+        if cpu_best is None:
+            run["skip"] = "no thread count and batch were probed (best_cpu_setting)"
+            return run
+        batch = cpu_best["batch_size"]
+        run.update(description=f"one process on the CPU, its fastest setting: "
+                               f"{cpu_best['threads']} thread(s), batch {batch}",
+                   global_batch_size=batch, batch_size_per_process=batch)
+        run["options"].update(threads=cpu_best["threads"], batch_size=batch)
+        return run
+    if plain["device"] != "cuda":
+        run.setdefault("skip", "the tuned options are GPU levers (data on the GPU, CUDA graphs, "
+                               "bf16); on the CPU the cpu-tuned row tunes threads and batch")
+        return run
+    levers = tuned_gpu_options(model, bf16)
+    run["options"].update(levers)
+    run["description"] = plain["description"] + ", tuned: " + ", ".join(
+        f"{key}={value}" if value is not True else key for key, value in levers.items())
+    return run
+
+
+def best_cpu_setting(settings, cores, echo=print, steps_per_probe=None):
+    """The thread count and batch with which this CPU trains the model fastest.
+
+    A short probe in this process: a few training steps of the model on random images for
+    each thread count (1, half the cores, all of them) and each batch (the global batch, 4
+    and 16 times it, at most 512 and the training set); the first step of each is left out.
+    Returns {"threads", "batch_size", "probe": [{threads, batch_size, samples_per_s}]}.
+    """
+    import torch
+    import torch.nn.functional as F
+    from ddp_scripts.common import build_model
+    threads_before = torch.get_num_threads()
+    batches = sorted({min(b, 512, settings["train_samples"] or 50_000)
+                      for b in (settings["batch_size"], 4 * settings["batch_size"],
+                                16 * settings["batch_size"])})
+    probe = []
+    try:
+        for threads in sorted({1, max(1, cores // 2), cores}):
+            torch.set_num_threads(threads)
+            for batch in batches:
+                model = build_model(settings["model"])
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+                images, labels = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+                steps = steps_per_probe or max(2, 2048 // batch)
+                for step in range(steps + 1):
+                    if step == 1:  # the first step warms up
+                        start = time.perf_counter()
+                    optimizer.zero_grad(set_to_none=True)
+                    F.cross_entropy(model(images), labels).backward()
+                    optimizer.step()
+                speed = steps * batch / (time.perf_counter() - start)
+                probe.append({"threads": threads, "batch_size": batch, "samples_per_s": speed})
+    finally:
+        torch.set_num_threads(threads_before)
+    best = max(probe, key=lambda row: row["samples_per_s"])
+    echo(f"[benchmark] fastest on the CPU: {best['threads']} thread(s), batch "
+         f"{best['batch_size']} ({best['samples_per_s']:.0f} samples/s in the probe)")
+    return {"threads": best["threads"], "batch_size": best["batch_size"], "probe": probe}
 
 
 def command_for(run, overwrite=False):
@@ -234,15 +328,18 @@ def prepare_data(settings, echo=print):
 
 
 def run_benchmark(configs, settings, out, runs_dir, overwrite=False, cpu_processes=2,
-                  echo=print):
+                  echo=print, tuned=False):
     """Plan, run each configuration in turn, write the results file. Returns the results."""
     machine = describe_hardware()
     echo(f"[benchmark] hardware: {machine['label']}")
     preset = SIZES[settings["size"]]
     changed = {k: v for k, v in settings.items() if k in preset and v != preset[k]}
     data_note = prepare_data(settings, echo)
+    cpu_best = None
+    if tuned and "cpu" in configs:
+        cpu_best = best_cpu_setting(settings, machine["cpu"]["usable_cores"], echo)
     runs = plan_runs(configs, settings, machine["gpu_count"], runs_dir, cpu_processes,
-                     [gpu["name"] for gpu in machine["gpus"]])
+                     [gpu["name"] for gpu in machine["gpus"]], tuned, cpu_best, _has_bf16())
     load_before = _load_average()
     for run in runs:
         if "skip" in run:
@@ -281,15 +378,28 @@ def run_benchmark(configs, settings, out, runs_dir, overwrite=False, cpu_process
         "size": settings["size"], "data_note": data_note, "reliable_spread": RELIABLE_SPREAD,
         "changed_from_size": changed,
         "settings": {**settings, "data_dir": _relative(settings["data_dir"])},
+        "tuned": tuned, "cpu_probe": cpu_best,
         "hardware": {**machine, "load_average_before": load_before,
                      "load_average_after": _load_average()},
-        "runs": [{**{k: v for k, v in run.items() if k != "options"}, "out": _relative(run["out"])}
+        "runs": [{**{k: v for k, v in run.items() if k != "options"}, "out": _relative(run["out"]),
+                  **({"levers": _levers(run["options"])} if run.get("tuned") else {})}
                  for run in runs],
     }
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     write_atomically(out, lambda f: f.write(json.dumps(results, indent=1) + "\n"), mode="w")
     echo(f"[benchmark] results written to {out}")
     return results
+
+
+def _levers(options):
+    """What a tuned row changed: the options beyond the plain row's."""
+    keys = ("threads", "batch_size", *tuned_gpu_options("resnet18"))
+    return {key: options[key] for key in keys if key in options}
+
+
+def _has_bf16():
+    import torch
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 def _load_average():
@@ -316,7 +426,9 @@ def results_table(results):
     speed-up vs CPU / vs 1 GPU: the baseline's time per steady epoch over this one's (the
     same samples per epoch, so it is also the ratio of samples/s). "wall" compares whole runs,
     start-up included, as a stopwatch would. Scaling efficiency: the speed-up over one GPU
-    divided by the number of GPUs (1.0 = every added GPU pays in full).
+    divided by the number of GPUs (1.0 = every added GPU pays in full). Tuned rows (--tuned)
+    compare with the tuned one-GPU row for "x 1 GPU" and efficiency; "x untuned" is each tuned
+    row's speed-up over its plain row, "x tuned CPU" every row's over the cpu-tuned row.
     """
     import pandas as pd
     rows = []
@@ -349,18 +461,35 @@ def results_table(results):
         ok = config in table.index and measured.get(config, False)
         return table.loc[config, column] if ok else float("nan")
 
+    epoch = table["epoch s (steady)"]
+    tuned = table.index.str.endswith("-tuned")
     table["x CPU (wall)"] = baseline("cpu", "wall s") / table["wall s"]
-    table["x CPU"] = baseline("cpu", "epoch s (steady)") / table["epoch s (steady)"]
-    table["x 1 GPU"] = baseline("gpu", "epoch s (steady)") / table["epoch s (steady)"]
-    on_gpus = table.index.isin(["dp", "ddp"]) & (table["gpus"] > 1)
+    table["x CPU"] = baseline("cpu", "epoch s (steady)") / epoch
+    table["x 1 GPU"] = (baseline("gpu", "epoch s (steady)") / epoch).where(~tuned)
+    table.loc[tuned, "x 1 GPU"] = baseline("gpu-tuned", "epoch s (steady)") / epoch[tuned]
+    on_gpus = table.index.isin(["dp", "ddp", "ddp-tuned"]) & (table["gpus"] > 1)
     table["efficiency"] = (table["x 1 GPU"] / table["gpus"]).where(on_gpus)
+    if tuned.any():
+        plain = pd.Series([baseline(config.removesuffix("-tuned"), "epoch s (steady)")
+                           for config in table.index[tuned]], index=table.index[tuned])
+        table["x untuned"] = plain / epoch[tuned]  # NaN on the plain rows
+        table["x tuned CPU"] = baseline("cpu-tuned", "epoch s (steady)") / epoch
     # A ratio is only as good as both of its speeds: where the row or a baseline it is
-    # divided by is unreliable, the ratio is labelled, not compared.
+    # divided by (cpu and gpu; for a tuned row also their tuned rows) is unreliable, the
+    # ratio is labelled, not compared.
     unreliable = set(table.index[measured & ~table["reliable"]])
-    table["ratios"] = ["" if not measured[config]
-                       else "unreliable" if {config, "cpu", "gpu"} & unreliable else "ok"
-                       for config in table.index]
-    return table
+
+    def ratios(config):
+        if not measured[config]:
+            return ""
+        baselines = {config, "cpu", "gpu"}
+        if config.endswith("-tuned"):
+            baselines |= {"cpu-tuned", "gpu-tuned", config.removesuffix("-tuned")}
+        return "unreliable" if baselines & unreliable else "ok"
+
+    table["ratios"] = [ratios(config) for config in table.index]
+    order = [config for config in ROW_ORDER if config in table.index]
+    return table.loc[order + [c for c in table.index if c not in order]]
 
 
 # ---------------------------------------------------------------------------------------
@@ -395,7 +524,12 @@ def build_parser():
     p.add_argument("--dataset", choices=["cifar10", "synthetic"], default=None)
     p.add_argument("--train-samples", type=int, default=None)
     p.add_argument("--test-samples", type=int, default=None)
-    p.add_argument("--model", choices=["cnn", "resnet18"], default=None)
+    p.add_argument("--model", choices=["cnn", "resnet18"], default=None,
+                   help="cnn: the tutorial CNN; resnet18: ResNet-18 as CIFAR-10 papers use it "
+                        "(3x3 stride-1 stem, no max-pool)")
+    p.add_argument("--tuned", action="store_true",
+                   help="also run cpu, gpu and ddp with their fastest settings (chapter 10): "
+                        "the rows cpu-tuned, gpu-tuned and ddp-tuned")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", default=str(ROOT / "data"))
     p.add_argument("--cpu-processes", type=int, default=2,
@@ -434,12 +568,14 @@ def main():
     runs_dir = Path(args.runs_dir or ROOT / "runs" / "benchmark" / out.stem)
     if not args.overwrite:  # checked before anything runs: no run replaces another's logs
         logs = (METRICS, CHECKPOINT)
-        held = [runs_dir / c for c in configs
+        names = configs + [f"{c}-tuned" for c in configs if args.tuned and f"{c}-tuned" in TUNED]
+        held = [runs_dir / c for c in names
                 if any(path.name in logs for path in (runs_dir / c).rglob("*"))]
         if held:
             raise UsageError(f"{held[0]} already holds a run; pass --overwrite to replace it, "
                              "or choose another --runs-dir")
-    results = run_benchmark(configs, settings, out, runs_dir, args.overwrite, args.cpu_processes)
+    results = run_benchmark(configs, settings, out, runs_dir, args.overwrite, args.cpu_processes,
+                            tuned=args.tuned)
     failed = [run["config"] for run in results["runs"] if run["status"] == "failed"]
     if failed:
         print(f"error: {', '.join(failed)} failed (see above); the results file records why",

@@ -70,7 +70,10 @@ def build_parser(description):
                    help="use only the first N training images (default: all; synthetic: 50000)")
     p.add_argument("--test-samples", type=int, default=None,
                    help="use only the first N test images (default: all; synthetic: 10000)")
-    p.add_argument("--model", choices=["cnn", "resnet18"], default="cnn")
+    p.add_argument("--model", choices=["cnn", "resnet18"], default="cnn",
+                   help="cnn: the CNN of PyTorch's CIFAR-10 tutorial; resnet18: ResNet-18 as "
+                        "CIFAR-10 papers use it (3x3 stride-1 stem, no max-pool), not "
+                        "torchvision's ImageNet stem")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32, help="per process")
     p.add_argument("--lr", type=float, default=0.01)
@@ -220,10 +223,21 @@ def build_model(name="cnn", seed=0, dtype=torch.float32):
     torch.manual_seed(seed)
     if name == "cnn":
         model = Net()
-    else:  # torchvision is imported only here: it costs seconds at start-up
-        import torchvision
-        model = torchvision.models.resnet18(num_classes=10)
+    else:
+        model = cifar_resnet18()
     return model.to(dtype)
+
+
+def cifar_resnet18():
+    """ResNet-18 as CIFAR-10 papers use it: torchvision's network with a 3x3 stride-1 stem and
+    no max-pool. torchvision's ImageNet stem (7x7 stride-2 convolution, then a stride-2
+    max-pool) would shrink a 32x32 image to 8x8 before the first block and to 1x1 at the end."""
+    import torchvision  # imported only here: it costs seconds at start-up
+    model = torchvision.models.resnet18(num_classes=10)
+    model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision's
+    model.maxpool = nn.Identity()
+    return model
 
 
 # ---------------------------------------------------------------------------------------
@@ -398,15 +412,16 @@ def evaluate(model, loader, device):
     return totals
 
 
-def run_context(args, device, strategy, threads, data_source, world_size=1, gpus=None):
-    """What every line of metrics.jsonl records about how the run was made."""
+def run_context(args, device, strategy, threads, data_source, world_size=1, gpus=None, **levers):
+    """What every line of metrics.jsonl records about how the run was made; `levers`: the
+    options of chapter 10 (ddp_scripts/speed.py, Levers.record)."""
     if gpus is None:
         gpus = world_size if device.type == "cuda" else 0
     return {"world_size": world_size, "device": str(device),
             "backend": dist.get_backend() if dist.is_initialized() else None,
             "strategy": strategy, "gpus": gpus, "threads": threads,
             "batch_size": args.batch_size, "global_batch_size": args.batch_size * world_size,
-            "dtype": args.dtype, "tf32": args.tf32, "dataset": data_source}
+            "dtype": args.dtype, "tf32": args.tf32, "dataset": data_source, **levers}
 
 
 def epoch_record(epoch, train_totals, test_totals, epoch_time_s, **context):
@@ -443,12 +458,14 @@ def resume_from(checkpoint, model, optimizer, out):
     return checkpoint["epoch"] + 1
 
 
-def write_summary(out, strategy, device, start, train_start, args, world_size=1):
-    """OUT/run.json, once the run has finished: times, hardware, options."""
+def write_summary(out, strategy, device, start, train_start, args, world_size=1, **levers):
+    """OUT/run.json, once the run has finished: times, hardware, options. `levers`: chapter
+    9's options as they took effect, and compile_s (part of startup_s)."""
     end = time.perf_counter()  # the clock the scripts' START was read from
     summary = {"strategy": strategy, "world_size": world_size,
                "startup_s": train_start - start, "train_s": end - train_start,
-               "total_s": end - start, "hardware": describe_hardware(device), "args": vars(args)}
+               "total_s": end - start, "hardware": describe_hardware(device), "args": vars(args),
+               **levers}
     write_atomically(Path(out) / SUMMARY, lambda f: f.write(json.dumps(summary, indent=1)),
                      mode="w")
 

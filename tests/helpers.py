@@ -33,7 +33,8 @@ def run_in_process(script, *args):
     runs as __main__ with this argv; its exit status, stdout and stderr come back as a
     CompletedProcess, and an exception it lets out is printed as Python would print it
     (status 1), so a bare traceback fails the same assertions as in a real process. The
-    os._exit(0) that ends a successful run (common.run_cli) ends the script, not pytest.
+    os._exit(0) that ends a successful run (common.run_cli) ends the script, not pytest; in a
+    process the script forks (a DataLoader worker), os._exit ends that process as usual.
     """
     path = SCRIPTS / script
     argv = [str(path), *map(str, args)]
@@ -42,9 +43,15 @@ def run_in_process(script, *args):
     sys.argv = argv
     sys.path.insert(0, str(SCRIPTS))  # as `python script` does; the script replaces it
     status = 0
+    real_exit, test_process = os._exit, os.getpid()
+
+    def exit_script(code):
+        if os.getpid() != test_process:  # a forked child of the script: it ends for real
+            real_exit(code)
+        raise SystemExit(code)
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
-                mock.patch("os._exit", side_effect=SystemExit):
+                mock.patch("os._exit", side_effect=exit_script):
             try:
                 runpy.run_path(str(path), run_name="__main__")
             except SystemExit as exit:  # sys.exit(code) as the interpreter reads it
