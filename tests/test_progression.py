@@ -35,15 +35,21 @@ def test_every_change_is_marked_and_the_diff_stays_short(script, mark, most_adde
 
 
 def test_fsdp_changes_ddp_in_marked_lines_only():
-    """train_ddp.py -> train_fsdp.py. At most 50 lines (49 now): 13 of options (the wide MLP,
+    """train_ddp.py -> train_fsdp.py. At most 60 lines (57 now): 13 of options (the wide MLP,
     the global batch, one per memory setting), 11 of imports, 4 in setup (the per-rank batch),
-    2 comments on the training step, and 19 for sharding, the optimizer after it, the sharded
-    checkpoints, the whole-model export and evaluation in step."""
+    2 comments on the training step, 19 for sharding, the optimizer after it, the sharded
+    checkpoints, the whole-model export and evaluation in step; and the lines where
+    train_ddp.py uses chapter 10's levers (ddp_scripts/speed.py), which train_fsdp.py leaves
+    out: its mixed precision is FSDP's own (MixedPrecisionPolicy), and the levers have not
+    been tried with sharded models."""
     ddp, fsdp = code_lines(SCRIPTS / "train_ddp.py"), code_lines(SCRIPTS / "train_fsdp.py")
     changes = hunks(ddp, fsdp)
     added = sum(len(new) for _, new in changes)
-    assert 0 < added <= 50, f"train_fsdp.py adds or changes {added} lines of train_ddp.py"
+    assert 0 < added <= 60, f"train_fsdp.py adds or changes {added} lines of train_ddp.py"
     for removed, new in changes:
+        if not new:  # a line only taken out: only the levers may be
+            assert all(re.search(r"\blevers\b|\bspeed\b", line) for line in removed), removed
+            continue
         assert any(re.search(r"#.*\bFSDP\b", line) for line in new), (
             "a change in train_fsdp.py is not marked FSDP:\n" + "\n".join(removed + ["---"] + new))
 

@@ -59,6 +59,8 @@ def right_and_wrong_answers():
         "ch08-ex-padding": (sum(map(len, shares(1000, 6))) - 1000, 4, None),
         "ch09-ex-accumulation": ((8 * 3 * 2, 3 * 2), (24, 3), None),
         "ch09-ex-uneven": (5 + 1, 5, None),
+        # a global batch of 4096 on 8 GPUs of 128 images: micro-batches, all-reduce rounds saved
+        "ch10-ex-no-sync": ((4096 // (8 * 128), 4096 // (8 * 128) - 1), (4, 4), None),
         # 7e9 parameters x (weight + gradient + Adam's two moments) x 4 bytes, over 8 GPUs, in GB
         "ch11-ex-fit": (7e9 * (1 + 1 + 2) * 4 / 8 / 1e9, 7e9 * (1 + 1 + 2) * 4 / 1e9, 0),
     }
