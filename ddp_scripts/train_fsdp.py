@@ -72,7 +72,7 @@ def fsdp_setup(args):  # FSDP: ddp_setup, and the batch each rank takes
     return local_rank, rank, world_size, device
 
 
-def train_one_epoch(model, loader, optimizer, device):
+def train_one_epoch(model, loader, optimizer, device):  # FSDP: without chapter 10's levers
     """One pass over the training batches; returns (sum of losses, samples) on `device`.
 
     The loss is added up on the device and read once per epoch: `.item()` in the loop
@@ -80,7 +80,7 @@ def train_one_epoch(model, loader, optimizer, device):
     """
     model.train()
     totals = torch.zeros(2, device=device, dtype=torch.float64)
-    for images, labels in loader:
+    for images, labels in loader:  # FSDP: batches from make_loader, copied to the device below
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
         with reported_if_out_of_memory(len(labels), device):
@@ -129,7 +129,7 @@ def main():
     for epoch in range(first_epoch, args.epochs + 1):
         train_sampler.set_epoch(epoch)  # DDP: without it, every epoch repeats the same shuffle
         epoch_start = time.perf_counter()
-        train_totals = reduce_sum(train_one_epoch(model, train_loader, optimizer, device))  # DDP: add up the ranks
+        train_totals = reduce_sum(train_one_epoch(model, train_loader, optimizer, device))  # FSDP, as DDP: add up the ranks
         synchronize(device)  # GPU work is queued: wait for it before reading the clock
         epoch_time = time.perf_counter() - epoch_start
         average_buffers(model)  # FSDP: no .module: fully_shard changes the model's class in place
