@@ -357,3 +357,31 @@ def test_setup_cell_alone_without_network_fails_loudly(tmp_path):
                                             clone_works=False))
     assert result.returncode != 0
     assert "CalledProcessError" in result.stderr and "ROOT=" not in result.stdout
+
+
+LITERALINCLUDE = re.compile(r"```\{literalinclude\} ([^\n]+)\n((?::[^\n]*\n)*)")
+
+
+def literal_includes():
+    """(page, included file, options) of every literalinclude in the chapters and front matter."""
+    pages = [(path, "\n".join(cell_source(cell) for cell in load_notebook(path)["cells"]
+                              if cell["cell_type"] == "markdown")) for path, _ in chapters()]
+    pages += [(path, path.read_text()) for path in sorted((ROOT / "book").glob("*.md"))]
+    return [(page, (page.parent / match.group(1).strip()).resolve(),
+             dict(re.findall(r":([\w-]+):\s*(.*)", match.group(2))))
+            for page, text in pages for match in LITERALINCLUDE.finditer(text)]
+
+
+@pytest.mark.parametrize("page, included, options", literal_includes(),
+                         ids=lambda value: value.name if hasattr(value, "name") else None)
+def test_included_code_is_still_there(page, included, options):
+    """A script changed under a chapter's literalinclude would fail the build much later:
+    every file, marker line and function a chapter includes must still exist."""
+    assert included.exists(), f"{page.name} includes {included}, which does not exist"
+    text = included.read_text()
+    for key in ("start-at", "end-at", "start-after", "end-before"):
+        if key in options:
+            assert options[key] in text, f"{page.name}: {key} {options[key]!r} not in {included.name}"
+    if "pyobject" in options:
+        assert re.search(rf"^\s*(def|class) {options['pyobject']}\b", text, re.M), (
+            f"{page.name}: no {options['pyobject']} in {included.name}")
