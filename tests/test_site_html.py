@@ -165,7 +165,7 @@ def test_execution_times_page_lists_every_chapter(site):
                         r"</p></td>\s*<td[^>]*><p>([\d.]+)</p></td>\s*<td[^>]*><p>(\w+)</p>", text)
         assert row, f"execution-times: no row for {path.name}"
         assert row.group(2) == "passed"
-    assert "CPU cores" in text
+    assert " cores" in text  # the build machine, as ddp_scripts/hardware.py labels it
 
 
 def test_front_matter_pages_exist(site):

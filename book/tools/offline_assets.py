@@ -150,6 +150,11 @@ def install(target):
                 destination.write_bytes(tar.extractfile(member).read())
         (folder / "VERSION").write_text(f"{name}@{version} from the npm registry\n")
         versions[name] = version
+    # The widget manager asks for its icon fonts beside its scripts (html-manager/dist/) or,
+    # depending on which of its scripts loads first, in offline/ itself: serve them in both.
+    for font in (Path(target) / "offline" / "html-manager" / "dist").glob("*"):
+        if font.suffix in (".woff2", ".woff", ".ttf", ".eot", ".svg"):
+            shutil.copy2(font, Path(target) / "offline" / font.name)
     return versions
 
 
