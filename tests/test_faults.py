@@ -201,7 +201,7 @@ def test_rank_that_skips_a_collective_fails_with_the_groups_timeout():
     assert not isinstance(caught.value, LaunchTimeout) and caught.value.exit_code == 1
     assert sum("joined the group" in line for line in lines) == 2, "\n".join(lines)
     assert any("Timed out waiting 3000ms" in line for line in lines), "\n".join(lines)
-    assert len(watcher.workers(COLLECTIVE_DEMO)) == 2
+    assert len(watcher.workers(COLLECTIVE_DEMO)) >= 2  # both ranks (and any child they forked)
     assert watcher.survivors() == []
 
 
@@ -210,7 +210,7 @@ def test_launcher_timeout_ends_a_hung_run():
     with ProcessWatcher() as watcher, pytest.raises(LaunchTimeout):
         run_command(torchrun_command(COLLECTIVE_DEMO, 2, ["--timeout-s", "600"]), timeout=20,
                     echo=lambda line: None)
-    assert len(watcher.workers(COLLECTIVE_DEMO)) == 2  # the workers had started
+    assert len(watcher.workers(COLLECTIVE_DEMO)) >= 2  # the workers had started (and any child they forked)
     assert watcher.survivors() == []
 
 
