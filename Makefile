@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
 # The tests that read the built site (_build/html) or open it in a browser.
-SITE_TESTS := tests/test_site_html.py tests/test_site_browser.py
+SITE_TESTS := tests/test_site_html.py tests/test_site_browser.py tests/test_site_editions.py
 
 .PHONY: book test check browser gpu-check student-copies clean
 

@@ -10,6 +10,9 @@ from book_files import HTML, chapters, site_config, toc_entries
 
 CHAPTERS = chapters()
 CHAPTER_IDS = [path.stem for path, _ in CHAPTERS]
+# The two editions: where each is on the site, and its title (the Chinese one under zh/).
+EDITIONS = {"en": "", "zh": "/zh"}
+TITLES = {"en": "Training and testing PyTorch models on GPUs", "zh": "在 GPU 上训练和测试 PyTorch 模型"}
 BROKEN_IMAGES = """() => Array.from(document.querySelectorAll('article img'))
     .filter(img => !(img.complete && img.naturalWidth > 0)).map(img => img.src)"""
 
@@ -30,25 +33,29 @@ def check_navigation(page):
             f"the sidebar has no link to {entry}")
 
 
-def test_front_page(page, server, screenshots):
-    open_page(page, server + "/")          # index.html redirects to the introduction
+@pytest.mark.parametrize("edition", EDITIONS)
+def test_front_page(page, server, screenshots, edition):
+    open_page(page, server + EDITIONS[edition] + "/")   # index.html: to the introduction
     page.wait_for_url(re.compile(r".*/book/intro\.html$"))
     title = page.locator("article h1").first
-    assert title.inner_text().startswith("Training and testing PyTorch models on GPUs")
+    assert title.inner_text().startswith(TITLES[edition])
     check_navigation(page)
     chapter_links = page.locator("article a.reference.internal[href*='notebooks/']")
     assert chapter_links.count() >= len(CHAPTERS)
-    page.screenshot(path=str(screenshots / "00_front_page.png"))
+    page.screenshot(path=str(screenshots / f"00_front_page-{edition}.png"))
     assert not page.errors, page.errors
 
 
+@pytest.mark.parametrize("edition", EDITIONS)
 @pytest.mark.parametrize("path_number", CHAPTERS, ids=CHAPTER_IDS)
 def test_chapter_renders_with_navigation_code_figures_and_solutions(page, server, screenshots,
-                                                                    path_number):
+                                                                    path_number, edition):
     path, number = path_number
-    if not (HTML / "notebooks" / f"{path.stem}.html").exists():
-        pytest.fail(f"no page for {path.name} in the built site", pytrace=False)
-    open_page(page, f"{server}/notebooks/{path.stem}.html")
+    screenshots = screenshots / edition
+    screenshots.mkdir(exist_ok=True)
+    if not (HTML / EDITIONS[edition].lstrip("/") / "notebooks" / f"{path.stem}.html").exists():
+        pytest.fail(f"no page for {path.name} in the built site ({edition})", pytrace=False)
+    open_page(page, f"{server}{EDITIONS[edition]}/notebooks/{path.stem}.html")
     heading = page.locator("article h1").first.inner_text()
     assert heading.startswith(f"{number}. "), heading
     check_navigation(page)
@@ -69,7 +76,10 @@ def test_chapter_renders_with_navigation_code_figures_and_solutions(page, server
 
     # Launch and download buttons, as a reader opens them.
     page.locator(".dropdown-launch-buttons button.dropdown-toggle").click()
-    page.locator(".dropdown-launch-buttons a:has-text('Colab')").wait_for(state="visible")
+    colab = page.locator(".dropdown-launch-buttons a:has-text('Colab')")
+    colab.wait_for(state="visible")
+    folder = "notebooks/zh" if edition == "zh" else "notebooks"
+    assert colab.get_attribute("href").endswith(f"/{folder}/{path.name}")
     hub = site_config()["launch_buttons"].get("jupyterhub_url")
     hub_button = page.locator(".dropdown-launch-buttons a:has-text('JupyterHub')")
     if hub:
@@ -93,23 +103,51 @@ def test_chapter_renders_with_navigation_code_figures_and_solutions(page, server
     assert not page.errors, page.errors
 
 
-def test_execution_times_page_shows_a_row_per_chapter(page, server, screenshots):
-    open_page(page, f"{server}/book/execution-times.html")
+@pytest.mark.parametrize("edition", EDITIONS)
+def test_execution_times_page_shows_a_row_per_chapter(page, server, screenshots, edition):
+    open_page(page, f"{server}{EDITIONS[edition]}/book/execution-times.html")
     rows = page.locator("article table tbody tr")
     assert rows.count() == len(CHAPTERS)
     assert " cores" in page.locator("article").inner_text()  # the build machine's label
-    page.screenshot(path=str(screenshots / "execution-times.png"))
+    page.screenshot(path=str(screenshots / f"execution-times-{edition}.png"))
     assert not page.errors, page.errors
 
 
+@pytest.mark.parametrize("edition", EDITIONS)
 @pytest.mark.parametrize("name", ["how-to-run", "instructor-guide", "cheat-sheet", "glossary"])
-def test_front_matter_page_renders(page, server, screenshots, name):
-    open_page(page, f"{server}/book/{name}.html")
+def test_front_matter_page_renders(page, server, screenshots, name, edition):
+    open_page(page, f"{server}{EDITIONS[edition]}/book/{name}.html")
     check_navigation(page)
     assert page.locator("article h1").first.is_visible()
     if name in ("how-to-run", "cheat-sheet"):
         assert page.locator("article button.copybtn").count() > 0
-    page.screenshot(path=str(screenshots / f"book-{name}.png"))
+    page.screenshot(path=str(screenshots / f"book-{name}-{edition}.png"))
+    assert not page.errors, page.errors
+
+
+def test_a_reader_switches_edition_and_back_on_the_same_page(page, server, screenshots):
+    open_page(page, f"{server}/notebooks/05_distributed_data_parallel.html")
+    page.locator("a.edition-switch:has-text('中文')").click()
+    page.wait_for_url(re.compile(r".*/zh/notebooks/05_distributed_data_parallel\.html$"))
+    page.wait_for_selector("article.bd-article")
+    assert page.locator("html").get_attribute("lang") == "zh-CN"
+    assert page.locator("article h1").first.inner_text().startswith("5. ")
+    page.screenshot(path=str(screenshots / "edition-switch-zh.png"))
+    page.locator("a.edition-switch:has-text('English')").click()
+    page.wait_for_url(re.compile(r".*127\.0\.0\.1:\d+/notebooks/05_distributed_data_parallel"
+                                 r"\.html$"))
+    assert page.locator("html").get_attribute("lang") == "en"
+    assert not page.errors, page.errors
+
+
+@pytest.mark.parametrize("word, page_name", [("张量", "02_tensors_and_models"),
+                                             ("进程组", "05_distributed_data_parallel")])
+def test_the_chinese_search_finds_chinese_words(page, server, word, page_name):
+    open_page(page, f"{server}/zh/search.html?q={word}")
+    results = page.locator("#search-results ul.search li")
+    results.first.wait_for(state="visible")
+    links = results.locator("a").evaluate_all("links => links.map(a => a.href)")
+    assert any(f"/zh/notebooks/{page_name}.html" in link for link in links), links
     assert not page.errors, page.errors
 
 

@@ -3,6 +3,16 @@
     python book/tools/build.py                 # what `make book` runs
     python book/tools/build.py --render-only   # re-render the notebooks executed last time
                                                # with the current front matter and config
+    python book/tools/build.py --edition zh    # one edition only (en or zh; both by default)
+
+The site has two editions (book/tools/translations.py keeps them in step): the English one
+at its root, _build/html, and the Chinese one (中文版) under _build/html/zh. Each is built
+from its own copy, the same way: the Chinese copy, _build/src-zh, is the English copy with
+the Chinese pages in place of the English ones (notebooks/zh/x.ipynb staged as
+notebooks/x.ipynb, book/zh/x.md as book/x.md), the Chinese table of contents, and the
+configuration with book/zh/_config.yml's settings on top. So both editions have the same
+page names, and a page's link to the other edition is the same path on the other side
+(book/extensions/editions.py). Both copies are executed, each notebook once.
 
 1. The sources are copied to _build/src, so the committed notebooks stay without outputs.
    In the copy, a chapter's title loses its number ("# 5. DDP" -> "# DDP"): the table of
@@ -43,12 +53,27 @@ import page_outputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "_build"
-SRC = BUILD / "src"
 HTML = BUILD / "html"
 FRONT_MATTER = ["_config.yml", "_toc.yml", "book", "results"]
 SOURCES = FRONT_MATTER + ["notebooks", "ddp_scripts"]
-TIMINGS = BUILD / "notebook-timings.xml"
 MACHINE = BUILD / "notebook-machine.txt"   # what the timings were measured on
+ZH = "zh"   # the Chinese pages' folder, beside the English ones
+
+
+class Edition:
+    """One edition of the book: where its sources are, its build copy, its part of the site."""
+
+    def __init__(self, name, src, html, timings, notebooks, pages):
+        self.name, self.src, self.html, self.timings = name, src, html, timings
+        self.notebooks, self.pages = notebooks, pages   # the committed chapters and pages
+
+
+EDITIONS = {
+    "en": Edition("en", BUILD / "src", HTML, BUILD / "notebook-timings.xml",
+                  ROOT / "notebooks", ROOT / "book"),
+    "zh": Edition("zh", BUILD / "src-zh", HTML / ZH, BUILD / "notebook-timings-zh.xml",
+                  ROOT / "notebooks" / ZH, ROOT / "book" / ZH),
+}
 NOTEBOOK_TIMEOUT_S = 900
 NUMBERED_TITLE = re.compile(r"\A(\s*#\s+)\d+\.\s+")
 
@@ -57,39 +82,69 @@ class BuildError(Exception):
     """Bad input to the build: reported as one line, exit status 2."""
 
 
-def stage(notebooks=True):
-    """A fresh copy of the book's sources in _build/src.
+def stage(edition, notebooks=True):
+    """A fresh copy of one edition's sources in its build folder (_build/src, _build/src-zh).
 
     With notebooks=False (--render-only), only the front matter and the configuration are
     refreshed: the executed notebooks, and the scripts they ran, stay as they were.
     """
+    src = edition.src
     names = SOURCES if notebooks else FRONT_MATTER
-    if notebooks and SRC.exists():
-        shutil.rmtree(SRC)
-    SRC.mkdir(parents=True, exist_ok=True)
+    if notebooks and src.exists():
+        shutil.rmtree(src)
+    src.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", "*.pyc")
     for name in names:
-        source, target = ROOT / name, SRC / name
+        source, target = ROOT / name, src / name
         if target.is_dir():
             shutil.rmtree(target)
         if source.is_dir():
             shutil.copytree(source, target, ignore=ignore)
         elif source.exists():
             shutil.copy2(source, target)
+    if edition.name == ZH:
+        put_chinese_pages_in_place(src, notebooks)
+    for folder in (src / "notebooks" / ZH, src / "book" / ZH):
+        if folder.exists():   # each copy holds one edition: nbmake runs what is there
+            shutil.rmtree(folder)
     if notebooks:
-        for notebook in sorted((SRC / "notebooks").glob("*.ipynb")):
+        for notebook in sorted((src / "notebooks").glob("*.ipynb")):
             prepare_for_the_book(notebook)
         # nbmake skips notebooks under a `_build` folder; this plugin collects them.
-        shutil.copy2(ROOT / "book" / "tools" / "nbmake_build_copy.py", SRC / "conftest.py")
+        shutil.copy2(ROOT / "book" / "tools" / "nbmake_build_copy.py", src / "conftest.py")
     hub = jupyterhub_url()
     if hub:
-        set_jupyterhub_url(SRC / "_config.yml", hub)
+        set_jupyterhub_url(src / "_config.yml", hub)
     try:
-        versions = offline_assets.install(SRC / "_assets")
+        versions = offline_assets.install(src / "_assets")
     except offline_assets.AssetError as error:
         raise BuildError(str(error)) from None
-    print("Served from the site: " + ", ".join(f"{name}@{version}"
-                                               for name, version in versions.items()), flush=True)
+    print(f"[{edition.name}] served from the site: " + ", ".join(
+        f"{name}@{version}" for name, version in versions.items()), flush=True)
+
+
+def put_chinese_pages_in_place(src, notebooks=True):
+    """The Chinese copy: Chinese pages under the English pages' names, Chinese toc, config."""
+    if notebooks:
+        for chapter in sorted((ROOT / "notebooks" / ZH).glob("*.ipynb")):
+            shutil.copy2(chapter, src / "notebooks" / chapter.name)
+    for page in sorted((ROOT / "book" / ZH).glob("*.md")):
+        shutil.copy2(page, src / "book" / page.name)
+    shutil.copy2(ROOT / "book" / ZH / "_toc.yml", src / "_toc.yml")
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    merge(config, yaml.safe_load((ROOT / "book" / ZH / "_config.yml").read_text()))
+    (src / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False,
+                                                    allow_unicode=True))
+
+
+def merge(base, overrides):
+    """base, with overrides' settings on top (nested settings merged, not replaced)."""
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge(base[key], value)
+        else:
+            base[key] = value
+    return base
 
 
 def prepare_for_the_book(notebook):
@@ -110,10 +165,10 @@ def prepare_for_the_book(notebook):
     notebook.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
 
 
-def restore_titles(folder):
+def restore_titles(folder, committed_folder):
     """The downloadable notebooks (the executed copies) get their numbered titles back."""
     for notebook in sorted(folder.glob("*.ipynb")):
-        committed = ROOT / "notebooks" / notebook.name
+        committed = committed_folder / notebook.name
         if not committed.exists():
             continue
         title = json.loads(committed.read_text())["cells"][0]
@@ -134,42 +189,60 @@ def jupyterhub_url():
 def set_jupyterhub_url(config_path, hub):
     config = yaml.safe_load(config_path.read_text())
     config.setdefault("launch_buttons", {})["jupyterhub_url"] = hub
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     print(f"JupyterHub launch buttons point at {hub}", flush=True)
 
 
-def execute():
-    """Run every notebook of the copy with nbmake, outputs written back into the copy."""
-    TIMINGS.unlink(missing_ok=True)
+def execute(edition):
+    """Run every notebook of a copy with nbmake, outputs written back into the copy."""
+    edition.timings.unlink(missing_ok=True)
     command = [sys.executable, "-m", "pytest", "--nbmake", "--overwrite",
                f"--nbmake-timeout={NOTEBOOK_TIMEOUT_S}", "-p", "no:cacheprovider",
-               f"--junitxml={TIMINGS}", "-o", "junit_family=xunit1",
+               f"--junitxml={edition.timings}", "-o", "junit_family=xunit1",
                "-o", "addopts=",  # the repository's test options are not for this run
-               "--rootdir", str(SRC),
-               str(SRC / "notebooks")]
+               "--rootdir", str(edition.src),
+               str(edition.src / "notebooks")]
     print("+", " ".join(command), flush=True)
     MACHINE.write_text(describe_machine() + "\n")
-    return subprocess.run(command, cwd=SRC).returncode
+    return subprocess.run(command, cwd=edition.src).returncode
 
 
-def write_execution_times():
+# The generated execution-times page, in each edition's language.
+TIMES_PAGE = {
+    "en": {"title": "# Execution times",
+           "intro": "How long each chapter took to execute, top to bottom, in the build that "
+                    "produced this site: `make book` runs every notebook once with nbmake, one "
+                    "after the other, on the build machine ({machine}).",
+           "header": "| Chapter | Notebook | Seconds | Result |",
+           "result": {"passed": "passed", "failed": "failed"},
+           "total": "Total: {total:.1f} s.",
+           "unknown": "an unrecorded machine"},
+    "zh": {"title": "# 执行时间",
+           "intro": "生成本网站的那次构建中，每一章从头到尾执行所用的时间：`make book` 用 "
+                    "nbmake 把每个笔记本依次执行一遍，在构建机器（{machine}）上。",
+           "header": "| 章 | 笔记本 | 秒 | 结果 |",
+           "result": {"passed": "通过", "failed": "失败"},
+           "total": "合计：{total:.1f} s。",
+           "unknown": "一台未记录的机器"},
+}
+
+
+def write_execution_times(edition):
     """book/execution-times.md in the copy: how long each chapter took to execute."""
+    words = TIMES_PAGE[edition.name]
     rows = []
-    for case in ET.parse(TIMINGS).getroot().iter("testcase"):
+    for case in ET.parse(edition.timings).getroot().iter("testcase"):
         failed = case.find("failure") is not None or case.find("error") is not None
         name = Path(case.get("file") or case.get("name")).stem
         rows.append((name, float(case.get("time", 0)), "failed" if failed else "passed"))
-    page = SRC / "book" / "execution-times.md"
-    machine = MACHINE.read_text().strip() if MACHINE.exists() else "an unrecorded machine"
-    lines = ["# Execution times", "",
-             "How long each chapter took to execute, top to bottom, in the build that "
-             "produced this site: `make book` runs every notebook once with nbmake, one "
-             f"after the other, on the build machine ({machine}).", "",
-             "| Chapter | Notebook | Seconds | Result |", "| --- | --- | ---: | --- |"]
-    lines += [f"| {{doc}}`../notebooks/{name}` | `{name}.ipynb` | {seconds:.1f} | {result} |"
-              for name, seconds, result in sorted(rows)]
-    lines += ["", f"Total: {sum(r[1] for r in rows):.1f} s.", ""]
-    page.write_text("\n".join(lines))
+    page = edition.src / "book" / "execution-times.md"
+    machine = MACHINE.read_text().strip() if MACHINE.exists() else words["unknown"]
+    lines = [words["title"], "", words["intro"].format(machine=machine), "",
+             words["header"], "| --- | --- | ---: | --- |"]
+    lines += [f"| {{doc}}`../notebooks/{name}` | `{name}.ipynb` | {seconds:.1f} | "
+              f"{words['result'][result]} |" for name, seconds, result in sorted(rows)]
+    lines += ["", words["total"].format(total=sum(r[1] for r in rows)), ""]
+    page.write_text("\n".join(lines), encoding="utf-8")
 
 
 def describe_machine():
@@ -179,24 +252,54 @@ def describe_machine():
     return describe_hardware()["label"]
 
 
-def render():
-    """The HTML, from scratch (--all), failing on any warning."""
+def render(edition):
+    """The HTML of one edition, from scratch (--all), failing on any warning."""
     command = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
-               "build", str(SRC), "--all", "-W", "-n", "--keep-going"]
+               "build", str(edition.src), "--all", "-W", "-n", "--keep-going"]
     print("+", " ".join(command), flush=True)
     start = time.perf_counter()
     status = subprocess.run(command, cwd=ROOT).returncode
     seconds = time.perf_counter() - start
     if status == 0:
-        if HTML.exists():
-            shutil.rmtree(HTML)
-        shutil.copytree(SRC / "_build" / "html", HTML)
-        restore_titles(HTML / "_sources" / "notebooks")
-        print(f"Rendered in {seconds:.1f} s. The book is in {HTML / 'index.html'}", flush=True)
+        replace_site(edition.src / "_build" / "html", edition.html)
+        restore_titles(edition.html / "_sources" / "notebooks", edition.notebooks)
+        print(f"[{edition.name}] rendered in {seconds:.1f} s: "
+              f"{edition.html / 'index.html'}", flush=True)
     else:
-        print(f"error: jupyter-book failed (exit status {status}, warnings count as errors); "
-              f"_build/html was left as it was", file=sys.stderr)
+        print(f"error: jupyter-book failed on the {edition.name} edition (exit status "
+              f"{status}, warnings count as errors); {edition.html} was left as it was",
+              file=sys.stderr)
     return status
+
+
+def replace_site(built, target):
+    """target := built, leaving the other edition's folder (zh/ in the English site) alone."""
+    target.mkdir(parents=True, exist_ok=True)
+    for old in target.iterdir():
+        if target == HTML and old.name == ZH:
+            continue
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    shutil.copytree(built, target, dirs_exist_ok=True)
+
+
+def build(edition, render_only):
+    """Stage, execute (unless render_only), prepare and render one edition: exit status."""
+    if render_only:
+        if not (edition.timings.exists() and (edition.src / "notebooks").exists()):
+            raise BuildError(f"nothing executed yet for the {edition.name} edition: run "
+                             f"without --render-only first")
+        stage(edition, notebooks=False)
+    else:
+        stage(edition)
+        if execute(edition) != 0:
+            print(f"error: a notebook of the {edition.name} edition failed to execute (see "
+                  f"above); that edition was not built", file=sys.stderr)
+            return 1
+    write_execution_times(edition)
+    page_outputs.prepare(sorted((edition.src / "notebooks").glob("*.ipynb")),
+                         build_copy=edition.src, committed_dir=edition.notebooks,
+                         language=edition.name)
+    return render(edition)
 
 
 def main():
@@ -204,25 +307,18 @@ def main():
     parser.add_argument("--render-only", action="store_true",
                         help="skip execution: render the notebooks executed last time, with "
                              "the current front matter and configuration")
+    parser.add_argument("--edition", choices=sorted(EDITIONS), action="append",
+                        help="build this edition only (repeatable; default: every edition)")
     args = parser.parse_args()
+    statuses = []
     try:
         jupyterhub_url()
-        if args.render_only:
-            if not (TIMINGS.exists() and (SRC / "notebooks").exists()):
-                raise BuildError("nothing executed yet: run without --render-only first")
-            stage(notebooks=False)
-        else:
-            stage()
-            if execute() != 0:
-                print("error: a notebook failed to execute (see above); the book was not "
-                      "built", file=sys.stderr)
-                return 1
+        for name in args.edition or list(EDITIONS):
+            statuses.append(build(EDITIONS[name], args.render_only))
     except BuildError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    write_execution_times()
-    page_outputs.prepare(sorted((SRC / "notebooks").glob("*.ipynb")), build_copy=SRC)
-    return render()
+    return max(statuses)
 
 
 if __name__ == "__main__":

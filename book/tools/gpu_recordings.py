@@ -178,6 +178,42 @@ def label(run):
     return f"{run['hardware']}; {run['date']}; commit {run['commit']}"
 
 
+# What the boxes say, in each edition's language ({title}: the recording's label).
+WORDS = {
+    "en": {
+        "missing": "Not recorded on {title}: this cell is newer than the recording. Run "
+                   "<code>make gpu-check</code> on a GPU machine to record it.",
+        "stale": "<strong>Stale recording</strong> from {title}: this cell's code has changed "
+                 "since, so what it prints there now is not known. Below, what the earlier "
+                 "code printed. Run <code>make gpu-check</code> on a GPU machine to record it "
+                 "again.",
+        "current": "Recorded on a GPU machine ({title}): what this cell printed there. Above "
+                   "it, what this build's machine printed.",
+        "one_gpu": "No multi-GPU recording exists yet: this recording has one GPU, and this "
+                   "cell shows its multi-GPU behaviour only with two or more.",
+        "none": "No GPU recording exists yet.",
+        "none_multi": " No multi-GPU recording exists yet either.",
+        "no_output": "(no output)",
+        "figure": "recorded figure",
+    },
+    "zh": {
+        "missing": "{title} 上没有记录：这个单元比那次记录新。在有 GPU 的机器上运行 "
+                   "<code>make gpu-check</code> 来记录它。",
+        "stale": "<strong>过时的记录</strong>，来自 {title}：这个单元的代码此后改过，它现在在那里"
+                 "会输出什么并不知道。下面是旧代码当时的输出。在有 GPU 的机器上运行 "
+                 "<code>make gpu-check</code> 来重新记录。",
+        "current": "在 GPU 机器上记录（{title}）：这个单元在那里的输出。上面是本次构建所用机器的"
+                   "输出。",
+        "one_gpu": "还没有多 GPU 的记录：这次记录只有一块 GPU，而这个单元要有两块或更多 GPU "
+                   "才显示它的多 GPU 行为。",
+        "none": "还没有 GPU 记录。",
+        "none_multi": "也还没有多 GPU 的记录。",
+        "no_output": "（没有输出）",
+        "figure": "记录的图",
+    },
+}
+
+
 def text_of(output):
     """What a reader sees of one output, as text (images and HTML handled by the caller)."""
     kind = output.get("output_type")
@@ -189,7 +225,7 @@ def text_of(output):
     return ANSI.sub("", source_of({"source": data.get("text/plain", "")})) + "\n"
 
 
-def outputs_html(outputs):
+def outputs_html(outputs, language="en"):
     parts, text = [], []
 
     def flush():
@@ -203,7 +239,8 @@ def outputs_html(outputs):
             flush()
             png = source_of({"source": data["image/png"]}).replace("\n", "")
             base64.b64decode(png, validate=True)   # a record is data, never markup
-            parts.append(f'<img alt="recorded figure" src="data:image/png;base64,{png}"/>')
+            alt = WORDS[language]["figure"]
+            parts.append(f'<img alt="{alt}" src="data:image/png;base64,{png}"/>')
         elif "text/html" in data and "<table" in source_of({"source": data["text/html"]}):
             flush()  # a DataFrame, as pandas wrote it on the GPU machine
             table = source_of({"source": data["text/html"]})
@@ -211,35 +248,27 @@ def outputs_html(outputs):
         else:
             text.append(text_of(output))
     flush()
-    return "".join(parts) or "<p><em>(no output)</em></p>"
+    return "".join(parts) or f"<p><em>{WORDS[language]['no_output']}</em></p>"
 
 
-def box(run, entry, current_hash, multi_gpu):
+def box(run, entry, current_hash, multi_gpu, language="en"):
     """The HTML shown after a cell for one recorded run, and whether it is stale."""
+    words = WORDS[language]
     title = html.escape(label(run))
     if entry is None:
-        body = (f'<p class="gpu-recording-label">Not recorded on {title}: this cell is '
-                f"newer than the recording. Run <code>make gpu-check</code> on a GPU machine "
-                f"to record it.</p>")
+        body = f'<p class="gpu-recording-label">{words["missing"].format(title=title)}</p>'
         return f'<div class="gpu-recording gpu-recording-stale">{body}</div>', True
     stale = entry["source_sha256"] != current_hash
-    if stale:
-        head = (f'<p class="gpu-recording-label"><strong>Stale recording</strong> from '
-                f"{title}: this cell's code has changed since, so what it prints there now is "
-                f"not known. Below, what the earlier code printed. Run "
-                f"<code>make gpu-check</code> on a GPU machine to record it again.</p>")
-    else:
-        head = (f'<p class="gpu-recording-label">Recorded on a GPU machine ({title}): what '
-                f"this cell printed there. Above it, what this build's machine printed.</p>")
+    said = words["stale" if stale else "current"].format(title=title)
+    head = f'<p class="gpu-recording-label">{said}</p>'
     if multi_gpu and run.get("gpus", 0) < 2:
-        head += ('<p class="gpu-recording-multi">No multi-GPU recording exists yet: this '
-                 "recording has one GPU, and this cell shows its multi-GPU behaviour only "
-                 "with two or more.</p>")
+        head += f'<p class="gpu-recording-multi">{words["one_gpu"]}</p>'
     kind = "gpu-recording-stale" if stale else "gpu-recording-current"
-    return f'<div class="gpu-recording {kind}">{head}{outputs_html(entry["outputs"])}</div>', stale
+    shown = outputs_html(entry["outputs"], language)
+    return f'<div class="gpu-recording {kind}">{head}{shown}</div>', stale
 
 
-def annotate(notebook, name, recordings):
+def annotate(notebook, name, recordings, language="en"):
     """Add the recorded outputs to every gpu-output cell of one executed notebook, in place.
 
     Idempotent: outputs added by an earlier call are replaced. Returns the stale findings,
@@ -253,15 +282,15 @@ def annotate(notebook, name, recordings):
         boxes = []
         for folder, run, cells in recordings:
             entry = cells.get(name, {}).get(cell.get("id"))
-            shown, stale = box(run, entry, current, multi_gpu)
+            shown, stale = box(run, entry, current, multi_gpu, language)
             boxes.append(shown)
             if stale:
                 why = "not recorded" if entry is None else "its code changed since"
                 stale_lines.append(f"stale GPU recording: {name} cell {cell.get('id')} in "
                                    f"results/gpu-runs/{folder.name} ({why})")
         if not recordings:
-            note = "No GPU recording exists yet." + (
-                " No multi-GPU recording exists yet either." if multi_gpu else "")
+            words = WORDS[language]
+            note = words["none"] + (words["none_multi"] if multi_gpu else "")
             boxes.append(f'<div class="gpu-recording gpu-recording-none"><p>{note}</p></div>')
         for shown in boxes:
             outputs.append({"output_type": "display_data", "metadata": {MARKER: True},

@@ -99,7 +99,7 @@ def sync_display_tags(notebook, committed):
 
 
 def prepare(notebooks, build_copy=None, recordings_root=None, report=print,
-            committed_dir=ROOT / "notebooks"):
+            committed_dir=ROOT / "notebooks", language="en"):
     """Make every executed notebook ready for the page, in place. Returns the stale lines."""
     root = recordings_root or (Path(build_copy) / "results" / "gpu-runs" if build_copy
                                else gpu_recordings.RECORDINGS)
@@ -114,7 +114,7 @@ def prepare(notebooks, build_copy=None, recordings_root=None, report=print,
             if cell["cell_type"] == "code":
                 cell["outputs"] = scrub_outputs(
                     gpu_recordings.merge_streams(cell.get("outputs", [])), scrub)
-        stale += gpu_recordings.annotate(notebook, path.name, recordings)
+        stale += gpu_recordings.annotate(notebook, path.name, recordings, language)
         shown += len(gpu_recordings.gpu_cells(notebook))
         path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n",
                         encoding="utf-8")

@@ -44,11 +44,14 @@ def first_code_cell(notebook):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="list, do not change")
-    parser.add_argument("notebooks", nargs="*", help="default: every notebooks/*.ipynb")
+    parser.add_argument("notebooks", nargs="*",
+                        help="default: every notebooks/*.ipynb and notebooks/zh/*.ipynb")
     args = parser.parse_args(argv)
     wanted = setup_source()
     differing = []
-    for path in map(Path, args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))):
+    every = (sorted((ROOT / "notebooks").glob("*.ipynb"))
+             + sorted((ROOT / "notebooks" / "zh").glob("*.ipynb")))   # both editions
+    for path in map(Path, args.notebooks or every):
         try:
             notebook, write = read_notebook(path)
         except (OSError, ValueError) as error:

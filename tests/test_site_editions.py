@@ -1,0 +1,121 @@
+"""The built site's two editions: English at the root, Chinese (中文版) under zh/.
+
+Every page links to the same page in the other edition; the Chinese pages were executed,
+search Chinese words, and launch the Chinese notebooks.
+"""
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from book_files import BUILD, HTML, ROOT, Page, chapters, site_config, toc_entries
+
+ZH = HTML / "zh"
+ZH_TIMINGS = BUILD / "notebook-timings-zh.xml"
+CHAPTERS = chapters()
+
+
+def content_pages(root, skip=()):
+    """The HTML pages Sphinx wrote for one edition (not its static files or sources)."""
+    return sorted(p for p in root.rglob("*.html")
+                  if not {"_static", "_sources", *skip} & set(p.relative_to(root).parts)
+                  and p.name != "index.html")   # index.html only redirects to the introduction
+
+
+@pytest.fixture(scope="module")
+def editions(site):
+    if not (ZH / "book" / "intro.html").exists():
+        pytest.fail(f"the Chinese edition is missing ({ZH}): run `make book`", pytrace=False)
+    return {"en": content_pages(HTML, skip={"zh"}), "zh": content_pages(ZH)}
+
+
+def switch_of(path):
+    links = [attrs for attrs in Page(path).with_class("edition-switch", "a")]
+    assert len(links) == 1, f"{path.relative_to(HTML)}: {len(links)} links to the other edition"
+    return links[0]
+
+
+def test_both_editions_have_every_page_of_the_table_of_contents(editions):
+    for entry, _ in toc_entries():
+        for root in (HTML, ZH):
+            assert (root / f"{entry}.html").exists(), f"no {root / entry}.html"
+    english = {p.relative_to(HTML) for p in editions["en"]}
+    chinese = {p.relative_to(ZH) for p in editions["zh"]}
+    assert english == chinese, (sorted(english - chinese), sorted(chinese - english))
+
+
+@pytest.mark.parametrize("edition", ["en", "zh"])
+def test_every_page_links_to_the_same_page_in_the_other_edition(editions, edition):
+    root, other, language = (HTML, ZH, "zh-CN") if edition == "en" else (ZH, HTML, "en")
+    for path in editions[edition]:
+        link = switch_of(path)
+        target = (path.parent / link["href"]).resolve()
+        assert target == (other / path.relative_to(root)).resolve(), (
+            f"{path.relative_to(HTML)} links to {link['href']}")
+        assert target.exists(), f"{path.relative_to(HTML)}: {link['href']} does not exist"
+        assert link.get("hreflang") == language
+        back = switch_of(target)   # and the other page links back here
+        assert (target.parent / back["href"]).resolve() == path.resolve()
+
+
+def test_each_edition_says_its_language(editions):
+    for edition, language in (("en", "en"), ("zh", "zh-CN")):
+        for path in editions[edition][:5] + [p for p in editions[edition] if "notebooks" in p.parts]:
+            head = path.read_text(encoding="utf-8")[:400]
+            assert f'<html lang="{language}"' in head, f"{path}: {head[:120]}"
+
+
+def test_the_chinese_chapters_were_executed_each_one_in_ci():
+    """The Chinese notebooks are committed, so the build executed them, each one, like the
+    English ones (book/tools/build.py); the Chinese pages show what they printed."""
+    assert ZH_TIMINGS.exists(), "no nbmake timings for the Chinese edition: run `make book`"
+    cases = {Path(c.get("file") or c.get("name")).stem:
+             c.find("failure") is None and c.find("error") is None
+             for c in ET.parse(ZH_TIMINGS).getroot().iter("testcase")}
+    assert cases == {path.stem: True for path, _ in CHAPTERS}, cases
+    for path, _ in CHAPTERS:
+        executed = json.loads((ZH / "_sources" / "notebooks" / path.name).read_text())
+        assert any(cell.get("outputs") for cell in executed["cells"]), path.name
+        title = "".join(executed["cells"][0]["source"])
+        assert re.search(r"[\u4e00-\u9fff]", title), f"{path.name}: not the Chinese notebook"
+
+
+def test_the_chinese_launch_buttons_open_the_chinese_notebooks(editions):
+    config = site_config()
+    colab = urlsplit(config["launch_buttons"]["colab_url"]).netloc
+    for path, _ in CHAPTERS:
+        page = Page(ZH / "notebooks" / f"{path.stem}.html")
+        links = [href for href in page.links if urlsplit(href).netloc == colab]
+        assert len(links) == 1, links
+        notebook = urlsplit(links[0]).path.split("/blob/", 1)[1].split("/", 1)[1]
+        assert notebook == f"notebooks/zh/{path.name}" and (ROOT / notebook).exists()
+
+
+def search_terms(root):
+    text = (root / "searchindex.js").read_text(encoding="utf-8")
+    index = json.loads(text[text.index("(") + 1:text.rindex(")")])
+    return index["terms"], index["docnames"]
+
+
+def test_the_chinese_search_index_holds_chinese_words():
+    """jieba splits the Chinese text into words; without it, no Chinese word is indexed."""
+    terms, docnames = search_terms(ZH)
+    for word, page in (("张量", "notebooks/02_tensors_and_models"), ("梯度", None),
+                       ("进程组", "notebooks/05_distributed_data_parallel"), ("检查点", None)):
+        assert word in terms, f"{word} is not in the Chinese search index"
+        found = terms[word] if isinstance(terms[word], list) else [terms[word]]
+        if page:
+            assert docnames.index(page) in found, f"{word}: not found on {page}"
+
+
+def test_the_chinese_pages_generated_at_build_time_are_in_chinese():
+    times = (ZH / "book" / "execution-times.html").read_text(encoding="utf-8")
+    assert "执行时间" in times and "合计" in times
+    labels = [p for path, _ in CHAPTERS
+              for p in re.findall(r'<p class="gpu-recording-label">(.*?)</p>',
+                                  (ZH / "notebooks" / f"{path.stem}.html").read_text("utf-8"))]
+    assert labels, "no recorded GPU output on the Chinese pages"
+    assert all(re.search(r"[\u4e00-\u9fff]", label) for label in labels), labels[:3]

@@ -1,0 +1,225 @@
+"""The Chinese edition (中文版) in step with the English one, from the sources.
+
+book/tools/translations.py says how the two are kept in step; these tests run its checks on
+the committed pages, and show on copies that a change to the English is caught and named.
+"""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from book_files import ROOT, cell_source, load_notebook, toc_entries
+
+sys.path.insert(0, str(ROOT / "book" / "tools"))
+import translations  # noqa: E402
+
+ZH_TOC = ROOT / "book" / "zh" / "_toc.yml"
+ENGLISH_PAGES = translations.english_pages()
+PAGE_IDS = [path.name for path in ENGLISH_PAGES]
+
+
+def test_every_english_page_has_a_chinese_page():
+    missing = [str(translations.chinese_page(p).relative_to(ROOT)) for p in ENGLISH_PAGES
+               if not translations.chinese_page(p).exists()]
+    assert not missing, f"English pages without their Chinese page: {missing}"
+    listed = {entry for entry, _ in toc_entries()}
+    for path in ENGLISH_PAGES:   # and every page the site shows is one of them
+        entry = str(path.relative_to(ROOT).with_suffix(""))
+        assert entry in listed or path.suffix == ".md", f"{entry} is not in _toc.yml"
+
+
+def test_the_chinese_table_of_contents_lists_the_same_pages_in_the_same_order():
+    english = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    chinese = yaml.safe_load(ZH_TOC.read_text(encoding="utf-8"))
+    assert chinese["root"] == english["root"]
+    assert [[c["file"] for c in part["chapters"]] for part in chinese["parts"]] == \
+           [[c["file"] for c in part["chapters"]] for part in english["parts"]]
+    assert [part.get("numbered") for part in chinese["parts"]] == \
+           [part.get("numbered") for part in english["parts"]]
+    untranslated = [part["caption"] for part in chinese["parts"]
+                    if part["caption"] in {p["caption"] for p in english["parts"]}]
+    assert not untranslated, f"captions left in English: {untranslated}"
+
+
+@pytest.mark.parametrize("english", [p for p in ENGLISH_PAGES if p.suffix == ".ipynb"],
+                         ids=lambda p: p.stem)
+def test_a_chinese_chapter_has_the_english_code_cells_character_for_character(english):
+    chinese = translations.chinese_page(english)
+    assert chinese.exists(), f"{chinese.relative_to(ROOT)} is missing"
+    en, zh = load_notebook(english), load_notebook(chinese)
+    assert [c["id"] for c in zh["cells"]] == [c["id"] for c in en["cells"]]
+    assert [c["cell_type"] for c in zh["cells"]] == [c["cell_type"] for c in en["cells"]]
+    for en_cell, zh_cell in zip(en["cells"], zh["cells"]):
+        if en_cell["cell_type"] == "code":
+            assert cell_source(zh_cell) == cell_source(en_cell), (
+                f"{chinese.name}, cell {en_cell['id']}: code differs from the English cell")
+            assert zh_cell.get("metadata", {}).get("tags", []) == \
+                en_cell.get("metadata", {}).get("tags", [])
+            assert not zh_cell.get("outputs") and zh_cell.get("execution_count") is None, (
+                f"{chinese.name}: committed with outputs")
+    assert "widgets" not in zh.get("metadata", {})
+
+
+@pytest.mark.parametrize("english", ENGLISH_PAGES, ids=PAGE_IDS)
+def test_the_chinese_page_translates_the_english_page_as_it_is_now(english):
+    """Every prose cell or section translated, none out of date, no English sentence left."""
+    check = (translations.notebook_problems if english.suffix == ".ipynb"
+             else translations.page_problems)
+    problems = check(english, translations.chinese_page(english))
+    assert not problems, "\n".join(problems + [
+        "After translating, record it: python book/tools/translations.py accept PAGE"])
+
+
+def test_no_chinese_page_without_an_english_page():
+    assert not [p for p in translations.problems() if "no English page" in p]
+
+
+def test_the_command_line_check_agrees():
+    result = subprocess.run([sys.executable, "book/tools/translations.py", "check"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "in step" in result.stdout
+
+
+# --- a changed English paragraph is caught, and named --------------------------------------
+
+@pytest.fixture
+def copies(tmp_path):
+    """A translated chapter and page, English and Chinese, copied where they may be changed."""
+    english = ROOT / "notebooks" / "05_distributed_data_parallel.ipynb"
+    page = ROOT / "book" / "how-to-run.md"
+    for source in (english, translations.chinese_page(english), page,
+                   translations.chinese_page(page)):
+        target = tmp_path / source.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+    en = tmp_path / english.relative_to(ROOT)
+    md = tmp_path / page.relative_to(ROOT)
+    return en, translations.chinese_page(en), md, translations.chinese_page(md)
+
+
+def prose_cells(notebook):
+    return [(number, cell) for number, cell in enumerate(notebook["cells"], 1)
+            if cell["cell_type"] == "markdown"]
+
+
+def test_a_changed_english_prose_cell_names_its_chinese_passage(copies):
+    english, chinese, _, _ = copies
+    assert translations.notebook_problems(english, chinese) == []
+    notebook = json.loads(english.read_text())
+    number, cell = prose_cells(notebook)[3]
+    cell["source"] = cell_source(cell) + "\nOne more English sentence, added later on."
+    english.write_text(json.dumps(notebook))
+    translated = [c for c in load_notebook(chinese)["cells"] if c["id"] == cell["id"]][0]
+    problems = translations.notebook_problems(english, chinese)
+    assert len(problems) == 1, problems
+    assert f"cell {number} (id {cell['id']}): out of date" in problems[0]
+    assert translations.first_words(cell_source(translated)) in problems[0]
+    translations.accept_notebook(english, chinese, [cell["id"]])
+    assert translations.notebook_problems(english, chinese) == []
+
+
+def test_a_changed_english_section_names_its_chinese_section(copies):
+    _, _, english, chinese = copies
+    assert translations.page_problems(english, chinese) == []
+    text = english.read_text()
+    sections = translations.sections(text)
+    english.write_text(text.replace(sections[2], sections[2] + "\n\nA new English paragraph."))
+    problems = translations.page_problems(english, chinese)
+    assert len(problems) == 1 and "section 3: out of date" in problems[0], problems
+    translations.accept_page(english, chinese, {3})
+    assert translations.page_problems(english, chinese) == []
+
+
+def test_changed_code_is_caught_and_sync_copies_it(copies):
+    english, chinese, _, _ = copies
+    notebook = json.loads(english.read_text())
+    code = next(cell for cell in notebook["cells"] if cell["cell_type"] == "code"
+                and "import" not in cell_source(cell))
+    code["source"] = cell_source(code) + "\nprint('changed')"
+    new = {"cell_type": "markdown", "id": "a-new-cell", "metadata": {},
+           "source": "A paragraph the Chinese edition has not seen."}
+    notebook["cells"].insert(5, new)
+    english.write_text(json.dumps(notebook))
+    problems = translations.notebook_problems(english, chinese)
+    assert any("code differs" in p for p in problems), problems
+    assert any("not the English notebook's cells" in p for p in problems), problems
+    translations.sync_notebook(english, chinese)
+    problems = translations.notebook_problems(english, chinese)
+    assert problems == [f"{translations.relative(chinese)}, cell 6 (id a-new-cell): not "
+                        f"translated yet: “A paragraph the Chinese edition has not seen.”"]
+
+
+def test_a_changed_code_block_of_a_page_is_caught(copies):
+    _, _, english, chinese = copies
+    text = english.read_text()
+    block = translations.fenced_blocks(text)[0]
+    english.write_text(text.replace(block, block.replace("\n", "\n# one more line\n", 1)))
+    problems = translations.page_problems(english, chinese)
+    assert any("code blocks differ" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("text, runs", [
+    ("这是中文，只有 `torch.compile` 和 DDP 的 all-reduce。", []),
+    ("用 `torchrun --nproc-per-node 2 ddp_scripts/train_ddp.py --epochs 3`。", []),
+    ("见[这一页](https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)。", []),
+    ("```{admonition} 注意\n中文。\n```\n```python\nfor images, labels in loader:\n```", []),
+    ("这句话 was left in English by mistake.", ["was left in English by mistake"]),
+    ("```{exercise} 张量在哪里？\n:label: ch01-where-is-the-tensor\nStill in English, this "
+     "one.\n```", ["Still in English, this one"]),
+])
+def test_english_left_in_chinese_prose_is_found(text, runs):
+    assert translations.english_runs(text) == runs
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    for args in (["accept", "notebooks/99_none.ipynb"], ["import", "notebooks/01_devices.ipynb",
+                                                          str(tmp_path / "none.md")]):
+        result = subprocess.run([sys.executable, "book/tools/translations.py", *args], cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and result.stderr.startswith("error: "), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+# --- the glossary maps every term ----------------------------------------------------------
+
+def glossary_terms(path):
+    """The term lines of a page's {glossary} directive, entry by entry."""
+    entries, current, inside = [], [], False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```{glossary}"):
+            inside = True
+        elif inside and line.startswith("```"):
+            break
+        elif inside and line and not line.startswith((" ", ":")):
+            current.append(line.strip())
+        elif inside and current:
+            entries.append(current)
+            current = []
+    return entries
+
+
+def test_the_chinese_glossary_gives_every_english_term_with_its_chinese_term():
+    """Each Chinese entry: its Chinese term, then the English entry's terms, as they are (the
+    Chinese pages link to the English terms: {term}`全归约 <all-reduce>`)."""
+    english = glossary_terms(ROOT / "book" / "glossary.md")
+    chinese = glossary_terms(ROOT / "book" / "zh" / "glossary.md")
+    assert [terms[1:] for terms in chinese] == english
+    assert all(any("\u4e00" <= ch <= "\u9fff" for ch in terms[0]) for terms in chinese), (
+        "every entry's first term is Chinese")
+
+
+def test_no_chinese_line_is_broken_between_two_chinese_characters():
+    """A line break inside Chinese text is a stray space on the page (and in Jupyter)."""
+    broken = []
+    for english in ENGLISH_PAGES:
+        chinese = translations.chinese_page(english)
+        texts = ([cell_source(c) for c in load_notebook(chinese)["cells"]
+                  if c["cell_type"] == "markdown"] if chinese.suffix == ".ipynb"
+                 else [chinese.read_text(encoding="utf-8")])
+        broken += [f"{chinese.relative_to(ROOT)}: “{translations.first_words(text)}”"
+                   for text in texts if translations.join_chinese_lines(text) != text]
+    assert not broken, "join these lines (translations.join_chinese_lines):\n" + "\n".join(broken)
