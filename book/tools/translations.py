@@ -412,31 +412,45 @@ def problems():
 
 
 def english_history(english_path, chinese_path):
-    """For each out-of-date passage: the English it translated, and the English now."""
-    shown = []
+    """For each out-of-date passage, how the English changed since it was translated: a
+    diff of the English it translated (found in git history by its hash) and the English now."""
+    if not chinese_path.exists():
+        return []
+    if english_path.suffix == ".ipynb":
+        now = {c["id"]: source(c) for c in read(english_path)["cells"]}
+        stale = {cell["id"]: (recorded(cell), now[cell["id"]], f"cell {cell['id']}")
+                 for cell in read(chinese_path)["cells"] if cell["cell_type"] == "markdown"
+                 and cell.get("id") in now and recorded(cell) not in (None, "new")
+                 and recorded(cell) != sha(now[cell["id"]])}
+    else:
+        now = sections(english_path.read_text(encoding="utf-8"))
+        marks = chinese_sections(chinese_path.read_text(encoding="utf-8"))
+        stale = {number: (mark, now[number - 1], f"section {number}")
+                 for number, (mark, _) in enumerate(marks, 1)
+                 if number <= len(now) and mark != "new" and mark != sha(now[number - 1])}
     log = subprocess.run(["git", "log", "--format=%H", "--", relative(english_path)],
                          cwd=ROOT, capture_output=True, text=True).stdout.split()
-    if english_path.suffix != ".ipynb" or not chinese_path.exists():
-        return shown
-    english = {c["id"]: c for c in read(english_path)["cells"]}
-    for cell in read(chinese_path)["cells"]:
-        mark, now = recorded(cell), english.get(cell.get("id"))
-        if cell["cell_type"] != "markdown" or now is None or mark in (None, "new") \
-                or mark == sha(source(now)):
-            continue
+    shown = []
+    for key, (mark, current, name) in stale.items():
+        old = None
         for commit in log:
-            old = subprocess.run(["git", "show", f"{commit}:{relative(english_path)}"],
-                                 cwd=ROOT, capture_output=True, text=True)
-            if old.returncode:
+            version = subprocess.run(["git", "show", f"{commit}:{relative(english_path)}"],
+                                     cwd=ROOT, capture_output=True, text=True)
+            if version.returncode:
                 continue
-            match = [c for c in json.loads(old.stdout)["cells"]
-                     if c.get("id") == cell["id"] and sha(source(c)) == mark]
-            if match:
-                shown.append("".join(difflib.unified_diff(
-                    source(match[0]).splitlines(True), source(now).splitlines(True),
-                    f"English cell {cell['id']}, as translated ({commit[:10]})",
-                    f"English cell {cell['id']}, now")))
+            texts = ([source(c) for c in json.loads(version.stdout)["cells"]]
+                     if english_path.suffix == ".ipynb" else sections(version.stdout))
+            old = next((text for text in texts if sha(text) == mark), None)
+            if old is not None:
+                where = f"{relative(english_path)} {name}, as translated ({commit[:10]})"
                 break
+        if old is None:
+            shown.append(f"{relative(english_path)} {name}: the English it translated is not "
+                         f"in the history; compare with the English now.")
+            continue
+        shown.append("".join(difflib.unified_diff(
+            old.splitlines(True), current.splitlines(True), where,
+            f"{relative(english_path)} {name}, now")))
     return shown
 
 
