@@ -13,6 +13,7 @@ import student_copies  # noqa: E402
 
 TOOL = ROOT / "book" / "tools" / "student_copies.py"
 CHAPTERS = [path for path, _ in chapters()]
+BOTH_EDITIONS = CHAPTERS + [path.parent / "zh" / path.name for path in CHAPTERS]
 
 
 SOLUTION_BLOCK = re.compile(r"^(`{3,}|:{3,})\{solution\}.*\n((?:.*\n)*?)\1\s*$", re.M)
@@ -49,9 +50,11 @@ def handout(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+@pytest.mark.parametrize("path", BOTH_EDITIONS,
+                         ids=[str(p.relative_to(ROOT / "notebooks")) for p in BOTH_EDITIONS])
 def test_student_copy_has_no_solution_and_keeps_the_exercises(handout, path):
-    original, copy = load_notebook(path), load_notebook(handout / "notebooks" / path.name)
+    original = load_notebook(path)
+    copy = load_notebook(handout / path.relative_to(ROOT))
     text = "\n".join(cell_source(cell) for cell in copy["cells"])
     assert "{solution" not in text
     assert not any("solution" in c.get("metadata", {}).get("tags", []) for c in copy["cells"])
@@ -79,14 +82,16 @@ def fastest_chapters(count):
 
 
 def test_student_copy_still_runs(handout):
-    """Executed with nbmake: nothing after a removed solution depended on it."""
-    copies = [str(handout / "notebooks" / path.name) for path in fastest_chapters(1)]
+    """Executed with nbmake: nothing after a removed solution depended on it. The Chinese
+    copy too, from its zh/ folder."""
+    copies = [str(handout / "notebooks" / folder / path.name)
+              for path in fastest_chapters(1) for folder in ("", "zh")]
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--nbmake", "--nbmake-timeout=300", "-q",
          "-p", "no:cacheprovider", "--rootdir", str(handout), *copies],
         cwd=handout, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert re.search(r"\b1 passed\b", result.stdout), result.stdout[-2000:]
+    assert re.search(r"\b2 passed\b", result.stdout), result.stdout[-2000:]
 
 
 def test_strips_every_kind_of_solution_block():

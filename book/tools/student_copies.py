@@ -1,6 +1,7 @@
 """Write student copies of the chapters: the notebooks without their solutions.
 
     python book/tools/student_copies.py                   # every chapter -> _build/student/
+                                                          # (the Chinese ones -> notebooks/zh/)
     python book/tools/student_copies.py notebooks/05_distributed_data_parallel.ipynb
     python book/tools/student_copies.py --out /tmp/handout
 
@@ -123,12 +124,21 @@ def leftover_solutions(notebook):
     return found
 
 
+def target_for(out, path):
+    """OUT/notebooks/x.ipynb; a Chinese chapter (notebooks/zh/x.ipynb) keeps its zh/ folder.
+    Either way the set-up cell finds ddp_scripts/ in a folder above it."""
+    folder = out / "notebooks" / ("zh" if path.parent.name == "zh" else "")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / path.name
+
+
 def write_copies(notebooks, out, replace_all=False):
     """Write the copies into OUT/notebooks; replace_all: remove copies of other notebooks."""
     out = Path(out)
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
     if replace_all:  # a chapter renamed or removed leaves no stale copy behind
-        for old in (out / "notebooks").glob("*.ipynb"):
+        for old in [*(out / "notebooks").glob("*.ipynb"),
+                    *(out / "notebooks").glob("zh/*.ipynb")]:
             old.unlink()
     written = []
     for path in notebooks:
@@ -146,7 +156,7 @@ def write_copies(notebooks, out, replace_all=False):
         problems = leftover_solutions(copy)
         if problems:
             raise UsageError(f"{path.name}: " + "; ".join(problems))
-        target = out / "notebooks" / path.name
+        target = target_for(out, path)
         nbformat.write(nbformat.from_dict(copy), target)
         written.append(target)
     scripts = out / "ddp_scripts"
@@ -161,11 +171,13 @@ def write_copies(notebooks, out, replace_all=False):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", nargs="*", help="default: every notebooks/*.ipynb")
+    parser.add_argument("notebooks", nargs="*",
+                        help="default: every notebooks/*.ipynb and notebooks/zh/*.ipynb")
     parser.add_argument("--out", default=str(DEFAULT_OUT),
                         help="folder for the copies (default: _build/student)")
     args = parser.parse_args(argv)
-    notebooks = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
+    notebooks = args.notebooks or (sorted((ROOT / "notebooks").glob("*.ipynb"))
+                                   + sorted((ROOT / "notebooks" / "zh").glob("*.ipynb")))
     try:
         if not notebooks:
             raise UsageError("no notebooks found in notebooks/")

@@ -116,7 +116,8 @@ def recorded(cell):
 
 
 def first_words(text, width=60):
-    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    line = next((line.strip() for line in text.splitlines() if line.strip()
+                 and not LABEL.match(line.strip()) and not MARKER.match(line)), "")
     return line if len(line) <= width else line[:width - 1] + "…"
 
 
