@@ -2,7 +2,8 @@
 #   make book    create .venv, execute every notebook, write the HTML to _build/html
 #   make test    make book, then run every test (scripts, launcher, faults, the built site)
 # and one more, once, for the tests that open the built pages in a browser:
-#   make browser  install Debian's chromium (needs root; elsewhere, install Chromium yourself)
+#   make browser  install Debian's chromium and a Chinese font (needs root; elsewhere, install
+#                 Chromium and any font with Chinese characters yourself)
 # Quicker, while working on the code: `make check` runs the tests that need no built book.
 PYTHON ?= python3
 VENV := .venv
@@ -30,7 +31,7 @@ check: $(INSTALLED)
 	$(PYTEST) tests $(foreach t,$(SITE_TESTS),--ignore=$(t))
 
 browser:
-	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+	@command -v chromium >/dev/null && fc-list :lang=zh | grep -q . || { apt-get update -q && apt-get install -y -q chromium fonts-wqy-microhei; }
 
 # On a machine with GPUs, with the interpreter it already has (no .venv is made):
 #   PYTHON=python3 make gpu-check

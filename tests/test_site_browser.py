@@ -3,6 +3,7 @@
 Screenshots are kept in _build/screenshots/ for review.
 """
 import re
+import subprocess
 
 import pytest
 
@@ -125,6 +126,13 @@ def test_front_matter_page_renders(page, server, screenshots, name, edition):
     assert not page.errors, page.errors
 
 
+def test_the_browser_has_a_font_for_the_chinese_pages():
+    """Without one, Chromium draws every Chinese character as a box, and the screenshots of
+    the Chinese pages show nothing a reviewer can read."""
+    fonts = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True, text=True)
+    assert fonts.stdout.strip(), "no font with Chinese characters: run `make browser`"
+
+
 def test_a_reader_switches_edition_and_back_on_the_same_page(page, server, screenshots):
     open_page(page, f"{server}/notebooks/05_distributed_data_parallel.html")
     page.locator("a.edition-switch:has-text('中文')").click()
@@ -143,7 +151,7 @@ def test_a_reader_switches_edition_and_back_on_the_same_page(page, server, scree
 @pytest.mark.parametrize("word, page_name", [("张量", "02_tensors_and_models"),
                                              ("进程组", "05_distributed_data_parallel")])
 def test_the_chinese_search_finds_chinese_words(page, server, word, page_name):
-    open_page(page, f"{server}/zh/search.html?q={word}")
+    page.goto(f"{server}/zh/search.html?q={word}", wait_until="load")
     results = page.locator("#search-results ul.search li")
     results.first.wait_for(state="visible")
     links = results.locator("a").evaluate_all("links => links.map(a => a.href)")

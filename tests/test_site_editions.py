@@ -94,21 +94,28 @@ def test_the_chinese_launch_buttons_open_the_chinese_notebooks(editions):
         assert notebook == f"notebooks/zh/{path.name}" and (ROOT / notebook).exists()
 
 
-def search_terms(root):
+def search_index(root):
+    """{word: [page numbers]} of one edition's search index (body and titles), page names."""
     text = (root / "searchindex.js").read_text(encoding="utf-8")
     index = json.loads(text[text.index("(") + 1:text.rindex(")")])
-    return index["terms"], index["docnames"]
+    words = {}
+    for part in ("terms", "titleterms"):
+        for word, found in index[part].items():
+            words.setdefault(word, set()).update(found if isinstance(found, list) else [found])
+    return words, index["docnames"]
 
 
-def test_the_chinese_search_index_holds_chinese_words():
-    """jieba splits the Chinese text into words; without it, no Chinese word is indexed."""
-    terms, docnames = search_terms(ZH)
-    for word, page in (("张量", "notebooks/02_tensors_and_models"), ("梯度", None),
-                       ("进程组", "notebooks/05_distributed_data_parallel"), ("检查点", None)):
-        assert word in terms, f"{word} is not in the Chinese search index"
-        found = terms[word] if isinstance(terms[word], list) else [terms[word]]
-        if page:
-            assert docnames.index(page) in found, f"{word}: not found on {page}"
+@pytest.mark.parametrize("word, page", [("张量", "notebooks/02_tensors_and_models"),
+                                        ("进程组", "notebooks/05_distributed_data_parallel"),
+                                        ("全归约", "notebooks/05_distributed_data_parallel"),
+                                        ("检查点", "notebooks/09_ddp_in_practice"),
+                                        ("梯度", "notebooks/11_fsdp")])
+def test_the_chinese_search_index_holds_chinese_words(word, page):
+    """jieba splits the Chinese text into words (the glossary's terms among them); without
+    it, no Chinese word would be indexed."""
+    words, docnames = search_index(ZH)
+    assert word in words, f"{word} is not in the Chinese search index"
+    assert docnames.index(page) in words[word], f"{word}: not found on {page}"
 
 
 def test_the_chinese_pages_generated_at_build_time_are_in_chinese():

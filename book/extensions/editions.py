@@ -59,13 +59,18 @@ def link_other_edition(app, pagename, templatename, context, doctree):
     language, name, _ = EDITIONS[other_edition(edition)]
     context["edition_switch"] = {"href": switch_link(pagename, edition), "lang": language,
                                  "text": name}
-    if edition == "zh" and pagename.startswith("notebooks/"):
+
+
+def launch_chinese_notebooks(app, pagename, templatename, context, doctree):
+    if app.config.book_edition == "zh" and pagename.startswith("notebooks/"):
         retarget(context.get("header_buttons", []), pagename)
 
 
 def setup(app):
     app.add_config_value("book_edition", "en", "html")
     app.connect("config-inited", add_switch_to_header)
+    # Before the theme drops the header templates that render empty (priority 500).
+    app.connect("html-page-context", link_other_edition, priority=400)
     # After sphinx-book-theme's own handlers (priority 501), which make the launch buttons.
-    app.connect("html-page-context", link_other_edition, priority=600)
+    app.connect("html-page-context", launch_chinese_notebooks, priority=600)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

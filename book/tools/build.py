@@ -133,8 +133,28 @@ def put_chinese_pages_in_place(src, notebooks=True):
     shutil.copy2(ROOT / "book" / ZH / "_toc.yml", src / "_toc.yml")
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     merge(config, yaml.safe_load((ROOT / "book" / ZH / "_config.yml").read_text()))
+    # The search splits Chinese text into words with jieba; the glossary's terms are words
+    # to it too, so that a search for 进程组 or 全归约 finds the pages that use them.
+    words = src / "search-words.txt"
+    words.write_text("".join(f"{word} 1000\n" for word in
+                             glossary_words(ROOT / "book" / ZH / "glossary.md")),
+                     encoding="utf-8")
+    merge(config, {"sphinx": {"config": {"html_search_options": {"dict": str(words)}}}})
     (src / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False,
                                                     allow_unicode=True))
+
+
+def glossary_words(glossary):
+    """The Chinese terms of the Chinese glossary's table (中文 | English), Chinese only:
+    '显存不足（OOM）' -> 显存不足, '卡住、挂起' -> 卡住, 挂起."""
+    words = []
+    for line in glossary.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and line.startswith("|") and cells[1] != "English":
+            for word in re.split(r"[、，/]|（.*?）", cells[0]):
+                if re.fullmatch(r"[\u4e00-\u9fff]{2,}", word.strip()):
+                    words.append(word.strip())
+    return sorted(set(words))
 
 
 def merge(base, overrides):

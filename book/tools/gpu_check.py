@@ -118,6 +118,10 @@ def copy_sources(target):
             shutil.copytree(source, target / name, ignore=ignore)
         elif source.exists():
             shutil.copy2(source, target / name)
+    # The Chinese chapters run the English chapters' code cells, character for character
+    # (tests/test_zh_edition.py), so their pages show the same recordings: on the GPU only
+    # the English ones run.
+    shutil.rmtree(target / "notebooks" / "zh", ignore_errors=True)
     if (ROOT / "data").is_dir():   # a downloaded CIFAR-10 is used, never fetched again
         (target / "data").symlink_to(ROOT / "data", target_is_directory=True)
     # nbmake skips notebooks under a `_build` folder; this plugin collects them.
