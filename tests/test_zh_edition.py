@@ -4,6 +4,7 @@ book/tools/translations.py says how the two are kept in step; these tests run it
 the committed pages, and show on copies that a change to the English is caught and named.
 """
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -173,6 +174,20 @@ def test_a_changed_code_block_of_a_page_is_caught(copies):
 ])
 def test_english_left_in_chinese_prose_is_found(text, runs):
     assert translations.english_runs(text) == runs
+
+
+def test_a_translation_that_drops_a_link_or_a_heading_is_caught(copies):
+    english, chinese, _, _ = copies
+    notebook = json.loads(chinese.read_text())
+    number, cell = next((n, c) for n, c in prose_cells(notebook)
+                        if "{doc}" in cell_source(c) and "## " in cell_source(c))
+    cell["source"] = re.sub(r"\{doc\}`[^`]*`", "", cell_source(cell).replace("## ", "", 1))
+    chinese.write_text(json.dumps(notebook, ensure_ascii=False))
+    problems = translations.notebook_problems(english, chinese)
+    assert any(f"cell {number} " in p and "{doc} links for the English" in p
+               for p in problems), problems
+    assert any(f"cell {number} " in p and "headings for the English" in p
+               for p in problems), problems
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):

@@ -152,6 +152,8 @@ def notebook_problems(english_path, chinese_path):
         else:
             problems += [f"{where}: English left untranslated: “{run}”"
                          for run in english_runs(source(zh))]
+            problems += [f"{where}: {difference}" for difference
+                         in structure_differences(source(cell), source(zh))]
     return problems
 
 
@@ -307,6 +309,8 @@ def page_problems(english_path, chinese_path):
         else:
             problems += [f"{where}: English left untranslated: “{run}”"
                          for run in english_runs(zh)]
+            problems += [f"{where}: {difference}"
+                         for difference in structure_differences(section, zh)]
     if fenced_blocks(chinese_text) != fenced_blocks(english_path.read_text(encoding="utf-8")):
         problems.append(f"{name}: its code blocks differ from the English page's")
     return problems
@@ -392,6 +396,23 @@ def join_chinese_lines(text):
             block.append(line)
     flush()
     return "\n".join(parts)
+
+
+# What a translation keeps of its English passage: the headings, the exercises and
+# solutions, the cross-references and links (their text translated, their targets not).
+STRUCTURE = {"headings": re.compile(r"^#{1,6} ", re.M), "exercises": re.compile(r"\{exercise\}"),
+             "solutions": re.compile(r"\{solution\}"), "{doc} links": re.compile(r"\{doc\}"),
+             "{ref} links": re.compile(r"\{ref\}"), "links": re.compile(r"\]\(")}
+
+
+def structure_differences(english, chinese):
+    """['2 headings for the English 3', ...]: what the Chinese passage lost or gained."""
+    found = []
+    for name, pattern in STRUCTURE.items():
+        en, zh = len(pattern.findall(english)), len(pattern.findall(chinese))
+        if en != zh:
+            found.append(f"{zh} {name} for the English {en}")
+    return found
 
 
 def english_runs(text):
