@@ -238,3 +238,36 @@ def test_no_chinese_line_is_broken_between_two_chinese_characters():
         broken += [f"{chinese.relative_to(ROOT)}: “{translations.first_words(text)}”"
                    for text in texts if translations.join_chinese_lines(text) != text]
     assert not broken, "join these lines (translations.join_chinese_lines):\n" + "\n".join(broken)
+
+
+# --- the site's two editions (book/extensions/editions.py) ---------------------------------
+
+sys.path.insert(0, str(ROOT / "book" / "extensions"))
+import editions  # noqa: E402
+
+
+@pytest.mark.parametrize("pagename, edition, link", [
+    ("notebooks/05_distributed_data_parallel", "en", "../zh/notebooks/05_distributed_data_parallel.html"),
+    ("notebooks/05_distributed_data_parallel", "zh", "../../notebooks/05_distributed_data_parallel.html"),
+    ("search", "en", "zh/search.html"),
+    ("search", "zh", "../search.html"),
+])
+def test_the_link_to_the_other_edition(pagename, edition, link):
+    assert editions.switch_link(pagename, edition) == link
+
+
+def test_the_chinese_launch_buttons_open_the_chinese_notebook():
+    hub = ("https://hub.example.org/hub/user-redirect/git-pull?repo=https://github.com/o/r&"
+           "urlpath=lab/tree/r/notebooks/05_distributed_data_parallel.ipynb&branch=main")
+    colab = ("https://colab.research.google.com/github/o/r/blob/main/notebooks/"
+             "05_distributed_data_parallel.ipynb")
+    download = "../_sources/notebooks/05_distributed_data_parallel.ipynb"
+    buttons = [{"type": "group", "label": "launch-buttons",
+                "buttons": [{"type": "link", "url": hub}, {"type": "link", "url": colab}]},
+               {"type": "group", "label": "download-buttons",
+                "buttons": [{"type": "link", "url": download}]}]
+    editions.retarget(buttons, "notebooks/05_distributed_data_parallel")
+    hub_now, colab_now = (b["url"] for b in buttons[0]["buttons"])
+    assert hub_now == hub.replace("notebooks/05", "notebooks/zh/05")
+    assert colab_now == colab.replace("notebooks/05", "notebooks/zh/05")
+    assert buttons[1]["buttons"][0]["url"] == download   # the executed copy: this page's own
