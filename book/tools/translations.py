@@ -1,6 +1,7 @@
 """The Chinese edition (中文版), kept in step with the English one.
 
     python book/tools/translations.py check            # what is out of step (exit 1 if any)
+    python book/tools/translations.py check --diff     # ... and how the English changed
     python book/tools/translations.py sync             # code cells and cell order from English
     python book/tools/translations.py accept PAGE [ID ...]   # translation brought up to date
     python book/tools/translations.py export PAGE      # English prose as blocks, to translate
@@ -497,6 +498,9 @@ def main(argv=None):
         if args.command == "check":
             found = problems()
             print("\n".join(found) if found else "The Chinese edition is in step with the English.")
+            if found and not args.diff:
+                print("How the English changed: python book/tools/translations.py check --diff; "
+                      "after translating: python book/tools/translations.py accept PAGE [ID ...]")
             if args.diff:
                 for english in english_pages():
                     for diff in english_history(english, chinese_page(english)):
