@@ -61,7 +61,8 @@ def train_one_epoch(model, loader, optimizer, device, levers):
         with reported_if_out_of_memory(len(labels), device):
             with levers.autocast():  # --amp: products and convolutions in bf16/fp16, the loss in float32
                 loss = F.cross_entropy(model(images), labels)
-            levers.scaler.scale(loss).backward()  # DDP: gradients are averaged over the ranks, bucket by bucket
+            # DDP: backward() also averages the gradients over the ranks, bucket by bucket
+            levers.scaler.scale(loss).backward()  # --amp fp16: the loss scaled up, so small gradients survive
         levers.scaler.step(optimizer)  # --amp fp16: unscale, and skip the step if a gradient overflowed
         levers.scaler.update()
         totals[0] += loss.detach() * len(labels)
@@ -92,7 +93,7 @@ def main():
     if rank == 0:  # DDP: one process writes
         start_out_dir(args, checkpoint)
 
-    # 3. The data: a new shuffle every epoch, seeded with seed + epoch, as train_single.py's.
+    # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
     train_sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: 1/world_size each
     # --data-on-device: batches cut on the GPU; or --workers N, --pin-memory: made on the CPU.
     train_loader = levers.loader(train_set, args.batch_size, train_sampler, augment=args.augment)  # DDP

@@ -78,7 +78,7 @@ def main():
     train_model = levers.compile(model)  # --compile: fused kernels; reduce-overhead replays CUDA graphs
     start_out_dir(args, checkpoint)
 
-    # 3. The data: a new shuffle every epoch, seeded with seed + epoch, as train_ddp.py's.
+    # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
     shuffle = torch.Generator()
     # --data-on-device: batches cut on the GPU; or --workers N, --pin-memory: made on the CPU.
     train_loader = levers.loader(train_set, args.batch_size, RandomSampler(train_set, generator=shuffle), augment=args.augment)

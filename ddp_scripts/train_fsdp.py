@@ -118,7 +118,7 @@ def main():
     if rank == 0:  # DDP: one process writes
         start_sharded_out_dir(args, checkpoint)  # FSDP
 
-    # 3. The data: a new shuffle every epoch, seeded with seed + epoch, as train_single.py's.
+    # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
     train_sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: 1/world_size each
     train_loader = make_loader(train_set, args.batch_size, train_sampler)  # DDP
     test_loader = make_loader(test_set, args.batch_size, range(rank, len(test_set), world_size))  # DDP: each image once
