@@ -271,3 +271,14 @@ def test_the_chinese_launch_buttons_open_the_chinese_notebook():
     assert hub_now == hub.replace("notebooks/05", "notebooks/zh/05")
     assert colab_now == colab.replace("notebooks/05", "notebooks/zh/05")
     assert buttons[1]["buttons"][0]["url"] == download   # the executed copy: this page's own
+
+
+@pytest.mark.parametrize("text, joined", [
+    ("第一行，\n第二行。", "第一行，第二行。"),
+    ("在 GPU\n上训练。", "在 GPU\n上训练。"),                       # a space belongs there
+    ("```python\n# 中文\n# 注释\n```", "```python\n# 中文\n# 注释\n```"),   # code stays
+    ("```{literalinclude} x.py\n```\n\n第一行，\n第二行。", "```{literalinclude} x.py\n```\n\n第一行，第二行。"),
+    ("- 一项，\n  接着。\n- 另一项。", "- 一项，接着。\n- 另一项。"),
+])
+def test_chinese_lines_are_joined_where_they_break_between_chinese_characters(text, joined):
+    assert translations.join_chinese_lines(text) == joined

@@ -235,21 +235,34 @@ def import_notebook(english_path, chinese_path, blocks_text):
 
 # --- Markdown pages -----------------------------------------------------------------------
 
+def scan(text):
+    """Each line of a Markdown text, with what it is: 'code-fence' or 'fence' (a line that
+    opens or closes a code block, or a directive such as ```{exercise}), 'code' (inside a
+    code block), 'directive' (inside a directive: prose), 'text' (outside every fence)."""
+    fences = []   # the open fences, innermost last: (fence, holds code)
+    for line in text.split("\n"):
+        match = FENCE.match(line)
+        in_code = any(code for _, code in fences)
+        if match:
+            mark = match.group(2)
+            if fences and line.strip() == mark and mark.startswith(fences[-1][0]):
+                yield line, "code-fence" if fences.pop()[1] else "fence"
+                continue
+            if not in_code:   # ``` and ```python hold code; ```{directive} holds prose
+                code = mark.startswith("`") and "{" not in line
+                fences.append((mark[0] * len(mark), code))
+                yield line, "code-fence" if code else "fence"
+                continue
+        yield line, "code" if in_code else "directive" if fences else "text"
+
+
 def sections(text):
     """A page's sections: a heading (with the label lines just above it) and what follows,
     up to the next heading; text before the first heading is a section of its own."""
     lines = text.splitlines()
-    starts, fence = [0], None
-    for number, line in enumerate(lines):
-        match = FENCE.match(line)
-        if match:
-            mark = match.group(2)
-            if fence is None:
-                fence = mark[0] * len(mark)
-            elif mark.startswith(fence) and line.strip() == mark:
-                fence = None
-            continue
-        if fence is None and HEADING.match(line) and number:
+    starts = [0]
+    for number, (line, kind) in enumerate(scan("\n".join(lines))):
+        if kind == "text" and HEADING.match(line) and number:
             start = number
             while start > 0 and (LABEL.match(lines[start - 1]) or not lines[start - 1].strip()):
                 start -= 1
@@ -276,13 +289,12 @@ def chinese_sections(text):
 def fenced_blocks(text):
     """The fenced code blocks (``` only: directives' bodies are prose) of a page, in order."""
     blocks, current = [], None
-    for line in text.splitlines():
-        stripped = line.strip()
-        if current is None and re.match(r"^`{3,}[\w-]*$", stripped) and "{" not in stripped:
+    for line, kind in scan(text):
+        if kind == "code-fence" and current is None:
             current = [line]
         elif current is not None:
             current.append(line)
-            if re.match(r"^`{3,}$", stripped):
+            if kind == "code-fence":
                 blocks.append("\n".join(current))
                 current = None
     return blocks
@@ -339,21 +351,9 @@ def export_page(english_path):
 def prose_only(text):
     """Chinese prose without what stays English: code, links' targets, roles, directives'
     names and options, labels, HTML, math, URLs."""
-    kept, fences = [], []     # fences: the open ``` and ::: fences, [(mark, is_code)]
-    for line in text.splitlines():
-        match = FENCE.match(line)
-        if match:
-            mark = match.group(2)
-            if fences and line.strip() == mark and mark.startswith(fences[-1][0]):
-                fences.pop()
-            else:   # ```{directive} holds prose; ``` and ```python hold code
-                fences.append((mark[0] * len(mark), "{" not in line))
-            continue
-        if any(code for _, code in fences) or MARKER.match(line) or LABEL.match(line.strip()):
-            continue
-        if re.match(r"^\s*:[\w-]+:", line):                            # directive option
-            continue
-        kept.append(line)
+    kept = [line for line, kind in scan(text) if kind in ("text", "directive")
+            and not MARKER.match(line) and not LABEL.match(line.strip())
+            and not re.match(r"^\s*:[\w-]+:", line)]                # directive options
     prose = "\n".join(kept)
     for pattern in (r"`[^`]*`",                 # code, and the text of roles
                     r"\{[\w-]+\}",              # roles' names
@@ -372,29 +372,18 @@ BROKEN_CHINESE_LINE = re.compile(rf"(?<=[{CJK}])[ \t]*\n[ \t]*(?=[{CJK}])")
 def join_chinese_lines(text):
     """Lines of one Chinese paragraph joined where they break between Chinese characters
     (code blocks left as they are)."""
-    parts, fence, block = [], None, []
+    parts, block = [], []
 
     def flush():
         if block:
             parts.append(BROKEN_CHINESE_LINE.sub("", "\n".join(block)))
             block.clear()
-    for line in text.split("\n"):
-        match = FENCE.match(line)
-        is_code = fence is not None
-        if match and match.group(2).startswith("`"):
-            if fence is None and "{" not in line:
-                flush()
-                fence = match.group(2)
-                parts.append(line)
-                continue
-            if fence is not None and line.strip() == fence:
-                fence = None
-                parts.append(line)
-                continue
-        if is_code:
-            parts.append(line)
-        else:
+    for line, kind in scan(text):
+        if kind in ("text", "directive"):
             block.append(line)
+        else:
+            flush()
+            parts.append(line)
     flush()
     return "\n".join(parts)
 
