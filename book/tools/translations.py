@@ -2,7 +2,7 @@
 
     python book/tools/translations.py check            # what is out of step (exit 1 if any)
     python book/tools/translations.py check --diff     # ... and how the English changed
-    python book/tools/translations.py sync             # code cells and cell order from English
+    python book/tools/translations.py sync [PAGE ...]  # code cells and cell order from English
     python book/tools/translations.py accept PAGE [ID ...]   # translation brought up to date
     python book/tools/translations.py export PAGE      # English prose as blocks, to translate
     python book/tools/translations.py import PAGE BLOCKS     # those blocks, translated, back in
@@ -472,7 +472,8 @@ def main(argv=None):
     check = commands.add_parser("check", help="what is out of step (exit status 1 if any)")
     check.add_argument("--diff", action="store_true",
                        help="also show how each out-of-date English cell changed")
-    commands.add_parser("sync", help="code cells and cell order from the English notebooks")
+    sync = commands.add_parser("sync", help="code cells and cell order from the English notebooks")
+    sync.add_argument("pages", nargs="*", help="English or Chinese notebooks; all when none is given")
     accept = commands.add_parser("accept", help="record that a page's translation is current")
     accept.add_argument("page")
     accept.add_argument("cells", nargs="*", help="cell ids (notebooks) or section numbers "
@@ -496,7 +497,8 @@ def main(argv=None):
                         print(diff)
             return 1 if found else 0
         if args.command == "sync":
-            for english in english_pages():
+            chosen = [resolve(page)[0] for page in args.pages] or english_pages()
+            for english in chosen:
                 if english.suffix == ".ipynb":
                     sync_notebook(english, chinese_page(english))
             return 0
