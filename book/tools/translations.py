@@ -42,6 +42,51 @@ FENCE = re.compile(r"^(\s*)(`{3,}|:{3,})")
 # 的 all-reduce") are shorter.
 ENGLISH_RUN = re.compile(r"(?:\b[A-Za-z][A-Za-z'’-]*[ ,;:]+){4,}[A-Za-z][A-Za-z'’-]*\b")
 
+# The edition's terms. Each row: a variant the edition does not use (a regular expression
+# over a line of Chinese prose, with inline code blanked out unless the row says "code"),
+# where the same words are right (a pattern whose matches are left alone: the gloss after
+# the English term, "Jupyter 内核"), and what to write instead. A line quoted from elsewhere
+# (a Markdown quotation, "> ...") keeps its words and is not read.
+TERMS = [
+    (r"进程序号", r"rank\s?（(?:本机)?进程序号）|本地进程序号|全局进程序号",
+     "rank（进程序号） on a chapter's first use, then rank, rank 0; "
+     "某个 rank or 某个进程 for “a rank”"),
+    (r"本地进程序号", None, "local rank（本机进程序号）, then local rank"),
+    (r"全局进程序号|全局序号", None, "全局 rank"),
+    (r"[0-9]+\s?号进程|(?<![每个])进程\s?[0-9]+(?!\s?[0-9/*×x+.个块秒次轮步张份倍%s-])", None,
+     "rank 0, rank 1"),
+    (r"世界", r"(?:真实|现实|全)世界|世界上", "world size（进程总数）; never 世界"),
+    (r"汇合|会面|碰头", None, "rendezvous（会合）, 会合点"),
+    (r"个\s?(?:GPU|显卡)",
+     r"个\s?GPU\s?(?:kernel|核函数|进程|张量|任务|上下文|流|操作|算子|函数|事件)",
+     "块 GPU (单卡, 多卡 where natural)"),
+    (r"(?<![`\w.-])epochs?(?![`\w-])", r"轮\s?（epochs?）",
+     "轮（epoch） on a chapter's first use, then 轮"),
+    (r"批归一化|批标准化|批量标准化|批规范化|批量规范化", None, "批量归一化（BatchNorm）"),
+    (r"内核", r"Jupyter\s?内核",
+     "Jupyter 内核 (the notebook's process); kernel（核函数） (a function run on the GPU)"),
+    (r"分发\s?（scatter）|scatter\s?（分发）", None, "分散（scatter）"),
+    (r"数据并行\s?[（(]\s?(?:`?(?:nn\.|torch\.nn\.)?DataParallel`?|DP)\s?[）)]", "code",
+     "`DataParallel`（DP）: 数据并行 is the concept, which DDP and FSDP are too"),
+    (r"调节手段", None, "优化手段 (in prose), 选项 (a script's option)"),
+    (r"诚实", None, "可信; 公平、可复现"),
+    (r"CUDA graphs?\b|CUDA Graphs\b|CUDA 图(?!）)", r"CUDA Graph（CUDA 图）",
+     "CUDA Graph（CUDA 图） on first use, then CUDA Graph"),
+    (r"(?<!主机)内存中转", None, "经由主机内存中转"),
+    (r"全归约|全收集|归约散射",
+     r"all-reduce\s?（全归约）|all-gather\s?（全收集）|reduce-scatter\s?（归约散射）",
+     "all-reduce（全归约） on first use, then all-reduce; the same for all-gather（全收集）, "
+     "reduce-scatter（归约散射）"),
+    (r"激活检查点", None, "激活重计算（activation checkpointing）"),
+    (r"前置知识|前置要求", None, "预备知识"),
+    (r"预计时间", None, "预计用时"),
+    (r"学完本章(?!，你将能够：)", None, "学完本章，你将能够："),
+    (r"硬件给本章带来的变化", None, "硬件对本章的影响"),
+    (r"(?<=\d) x (?=\d)", None, "× (4 × 256)"),
+    (rf"(?<=[\u4e00-\u9fff，。])\.\.\.|\.\.\.(?=[\u4e00-\u9fff])", None, "……"),
+]
+TERMS = [(re.compile(variant), allowed, use) for variant, allowed, use in TERMS]
+
 
 class TranslationError(Exception):
     """Bad input: reported as one line, exit status 2."""
@@ -155,6 +200,7 @@ def notebook_problems(english_path, chinese_path):
                          for run in english_runs(source(zh))]
             problems += [f"{where}: {difference}" for difference
                          in structure_differences(source(cell), source(zh))]
+            problems += term_problems(where, source(zh))
     return problems
 
 
@@ -326,7 +372,19 @@ def page_problems(english_path, chinese_path):
                          for difference in structure_differences(section, zh)]
     if fenced_blocks(chinese_text) != fenced_blocks(english_path.read_text(encoding="utf-8")):
         problems.append(f"{name}: its code blocks differ from the English page's")
+    translated = "\n".join(translated_lines(chinese_text))
+    problems += term_problems(name, translated)
     return problems
+
+
+def translated_lines(text):
+    """A Chinese page's lines, with those of sections not translated yet blanked (so that
+    line numbers stay the file's)."""
+    mark = None
+    for line in text.splitlines():
+        match = MARKER.match(line)
+        mark = match.group(1) if match else mark
+        yield "" if mark == "new" else line
 
 
 def accept_page(english_path, chinese_path, numbers):
@@ -407,6 +465,34 @@ def structure_differences(english, chinese):
 
 def english_runs(text):
     return [match.group(0) for match in ENGLISH_RUN.finditer(prose_only(text))]
+
+
+def term_hits(text):
+    """[(line number, variant, term to use)]: the variants of the edition's terms in a
+    passage of Chinese prose (its code, links' targets, URLs, HTML and quotations left out)."""
+    hits = []
+    for number, (line, kind) in enumerate(scan(text), 1):
+        if (kind not in ("text", "directive") or MARKER.match(line)
+                or LABEL.match(line.strip()) or re.match(r"^\s*(?::[\w-]+:|>)", line)):
+            continue
+        for pattern in (r"\]\([^)]*\)", r"https?://\S+", r"<[^>]+>"):
+            line = re.sub(pattern, lambda m: " " * len(m.group(0)), line)
+        # a role's text is prose the reader sees: {term}`rank（进程序号） <rank>`
+        line = re.sub(r"\{[\w-]+\}`([^`]*)`", lambda m: " " * (len(m.group(0)) - len(
+            m.group(1)) - 2) + " " + m.group(1) + " ", line)
+        blanked = re.sub(r"`[^`]*`", lambda m: "`" + " " * (len(m.group(0)) - 2) + "`", line)
+        for variant, allowed, use in TERMS:
+            read = line if allowed == "code" else blanked
+            spans = ([m.span() for m in re.finditer(allowed, read)]
+                     if allowed and allowed != "code" else [])
+            hits += [(number, m.group(0), use) for m in variant.finditer(read)
+                     if not any(a <= m.start() and m.end() <= b for a, b in spans)]
+    return hits
+
+
+def term_problems(where, text, first_line=1):
+    return [f"{where}, line {number + first_line - 1}: “{variant}”: write {use}"
+            for number, variant, use in term_hits(text)]
 
 
 # --- the command line ---------------------------------------------------------------------
