@@ -176,11 +176,14 @@ def set_precision(tf32=False):
     torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
-def set_cpu_threads(threads=None, processes_per_node=1):
-    """Split the cores this process may use between the processes of its node.
+def set_cpu_threads(threads=None, processes_per_node=None):
+    """Split the cores this process may use between the processes of its node: torchrun's
+    LOCAL_WORLD_SIZE of them (1 without torchrun), unless `processes_per_node` is given.
 
     The cores it may use, not all of the machine's: a Slurm job or a container gives a
     process fewer (os.sched_getaffinity), and counting all of them oversubscribes."""
+    if processes_per_node is None:
+        processes_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     threads = threads or max(1, usable_cores() // processes_per_node)
     torch.set_num_threads(threads)
     return threads
@@ -364,8 +367,13 @@ def _cifar10_downloaded_once(data_dir):
     return cifar10_tensors(data_dir, download=not dist.is_initialized())
 
 
-def check_batch_fits(batch_size, world_size, train_samples):
-    """A global batch larger than the training set would make every epoch a single step."""
+def check_batch_fits(batch_size, train_samples, world_size=None):
+    """A global batch larger than the training set would make every epoch a single step.
+
+    The global batch is batch_size times the number of processes in the group (one without
+    a process group), unless `world_size` says otherwise."""
+    if world_size is None:
+        world_size = dist.get_world_size() if dist.is_initialized() else 1
     if batch_size * world_size > train_samples:
         raise UsageError(f"a global batch of {batch_size * world_size} ({world_size} x "
                          f"--batch-size {batch_size}) is larger than the {train_samples} "

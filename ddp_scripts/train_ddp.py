@@ -24,89 +24,71 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # DDP
 from torch.utils.data.distributed import DistributedSampler  # DDP
 
 from ddp_scripts.common import (build_model, build_parser, check_args, check_batch_fits,
-                                evaluate, load_datasets, pick_device,
+                                evaluate, load_datasets, make_loader, pick_device,
                                 prepare_out_dir, reported_if_out_of_memory, resume_from, run_cli,
                                 run_context, save_epoch, say, set_cpu_threads, start_out_dir,
                                 synchronize, write_summary)
-from ddp_scripts.speed import Levers, add_speed_options
-from ddp_scripts.common import (average_buffers, init_process_group, on_rank_0,  # DDP
-                                reduce_sum, require_torchrun)
+from ddp_scripts.common import average_buffers, init_process_group, on_rank_0, reduce_sum, require_torchrun  # DDP
 
 
-def ddp_setup(args):  # DDP: who am I, which device is mine; join the process group
-    require_torchrun("train_ddp.py")
-    local_rank = int(os.environ["LOCAL_RANK"])   # which GPU on this machine
-    rank = int(os.environ["RANK"])               # who I am among all processes
-    world_size = int(os.environ["WORLD_SIZE"])   # how many processes in all
-    device = pick_device(args.device, local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # before the group, so that nccl uses this GPU
-    init_process_group(device, args.timeout_s)  # nccl on GPUs, gloo on CPUs
-    return local_rank, rank, world_size, device
-
-
-def train_one_epoch(model, loader, optimizer, device, levers):
+def train_one_epoch(model, loader, optimizer, device):
     """One pass over the training batches; returns (sum of losses, samples) on `device`.
 
     The loss is added up on the device and read once per epoch: `.item()` in the loop
-    would make the CPU wait for the GPU at every step. `levers` holds chapter 10's options
-    (ddp_scripts/speed.py); each is used in a line of its own, off by default.
+    would make the CPU wait for the GPU at every step.
     """
     model.train()
     totals = torch.zeros(2, device=device, dtype=torch.float64)
-    for images, labels in loader:  # --data-on-device: already on the GPU, and .to() does nothing
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        images = images.contiguous(memory_format=levers.memory_format)  # --channels-last: NHWC
-        optimizer.zero_grad(set_to_none=True)
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)  # the batch goes where the model is
+        optimizer.zero_grad()
         with reported_if_out_of_memory(len(labels), device):
-            with levers.autocast():  # --amp: products and convolutions in bf16/fp16, the loss in float32
-                loss = F.cross_entropy(model(images), labels)
+            loss = F.cross_entropy(model(images), labels)
             # DDP: backward() also averages the gradients over the ranks, bucket by bucket
-            levers.scaler.scale(loss).backward()  # --amp fp16: the loss scaled up, so small gradients survive
-        levers.scaler.step(optimizer)  # --amp fp16: unscale, and skip the step if a gradient overflowed
-        levers.scaler.update()
+            loss.backward()
+        optimizer.step()
         totals[0] += loss.detach() * len(labels)
         totals[1] += len(labels)
     return totals
 
 
 def main():
-    args = add_speed_options(build_parser(__doc__.splitlines()[0])).parse_args()
+    args = build_parser(__doc__.splitlines()[0]).parse_args()
     check_args(args)
 
     # 1. Where to train: one process per GPU (or per share of the CPU cores), all in one group.
-    local_rank, rank, world_size, device = ddp_setup(args)  # DDP
-    threads = set_cpu_threads(args.threads, int(os.environ["LOCAL_WORLD_SIZE"]))  # DDP: share the node's cores
-    levers = Levers(args, device)  # chapter 10's options, checked here; each is used in a line below
+    require_torchrun("train_ddp.py")  # DDP: torchrun tells each process who it is
+    rank = int(os.environ["RANK"])  # DDP: who I am among all processes
+    world_size = int(os.environ["WORLD_SIZE"])  # DDP: how many processes in all
+    device = pick_device(args.device, int(os.environ["LOCAL_RANK"]))  # DDP: LOCAL_RANK, my GPU on this machine
+    if device.type == "cuda":  # DDP
+        torch.cuda.set_device(device)  # before the group, so that nccl uses this GPU
+    init_process_group(device, args.timeout_s)  # DDP: nccl on GPUs, gloo on CPUs
+    threads = set_cpu_threads(args.threads)
     checkpoint = on_rank_0(prepare_out_dir, args)  # DDP: rank 0 reads OUT, every rank gets what it found
     train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
                                         args.test_samples, args.dtype)
-    check_batch_fits(args.batch_size, world_size, len(train_set))  # DDP: the global batch
+    check_batch_fits(args.batch_size, len(train_set))
 
     # 2. The model goes to the device once, where it is built; the optimizer follows it.
     model = build_model(args.model, args.seed, getattr(torch, args.dtype)).to(device)
-    model = model.to(memory_format=levers.memory_format)  # --channels-last: weights in NHWC too
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     first_epoch = resume_from(checkpoint, model, optimizer, args.out)
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # DDP: after .to(device)
-    train_model = levers.compile(model)  # --compile: fused kernels; reduce-overhead replays CUDA graphs
-    if rank == 0:  # DDP: one process writes
-        start_out_dir(args, checkpoint)
+    on_rank_0(start_out_dir, args, checkpoint)  # DDP: one process writes
 
     # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
-    train_sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: 1/world_size each
-    # --data-on-device: batches cut on the GPU; or --workers N, --pin-memory: made on the CPU.
-    train_loader = levers.loader(train_set, args.batch_size, train_sampler, augment=args.augment)  # DDP
-    test_loader = levers.loader(test_set, args.batch_size, range(rank, len(test_set), world_size))  # DDP: each image once
-    levers.warm_up(train_one_epoch, train_model, model, optimizer, train_loader)  # --compile: before the clock starts
-    context = run_context(args, device, "ddp", threads, train_set.source, world_size, **levers.record())  # DDP
+    shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: 1/world_size each
+    train_loader = make_loader(train_set, args.batch_size, shuffle)
+    test_loader = make_loader(test_set, args.batch_size, range(rank, len(test_set), world_size))  # DDP: each image once
+    context = run_context(args, device, "ddp", threads, train_set.source, world_size)  # DDP
 
     # 4. Train and test, epoch after epoch; each batch goes to the device in train_one_epoch.
     train_start = time.perf_counter()
     for epoch in range(first_epoch, args.epochs + 1):
-        train_sampler.set_epoch(epoch)  # DDP: without it, every epoch repeats the same shuffle
+        shuffle.set_epoch(epoch)  # DDP: without it, every epoch repeats the same shuffle
         epoch_start = time.perf_counter()
-        train_totals = reduce_sum(train_one_epoch(train_model, train_loader, optimizer, device, levers))  # DDP: add up the ranks
+        train_totals = reduce_sum(train_one_epoch(model, train_loader, optimizer, device))  # DDP: add up the ranks
         synchronize(device)  # GPU work is queued: wait for it before reading the clock
         epoch_time = time.perf_counter() - epoch_start
         average_buffers(model.module)  # DDP: BatchNorm statistics differ by the last step
@@ -116,8 +98,7 @@ def main():
         if epoch == args.stop_after_epoch:
             say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
             break
-    if rank == 0:  # DDP
-        write_summary(args.out, "ddp", device, START, train_start, args, world_size, **levers.record())
+    on_rank_0(write_summary, args.out, "ddp", device, START, train_start, args, world_size)  # DDP
     dist.destroy_process_group()  # DDP: leave the group cleanly
 
 

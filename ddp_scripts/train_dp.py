@@ -23,76 +23,65 @@ import torch.nn.functional as F
 from torch.utils.data import RandomSampler
 
 from ddp_scripts.common import (build_model, build_parser, check_args, check_batch_fits,
-                                evaluate, load_datasets, pick_device,
+                                evaluate, load_datasets, make_loader, pick_device,
                                 prepare_out_dir, reported_if_out_of_memory, resume_from, run_cli,
                                 run_context, save_epoch, say, set_cpu_threads, start_out_dir,
                                 synchronize, write_summary)
-from ddp_scripts.speed import Levers, add_speed_options
 from ddp_scripts.common import require_gpus_for_data_parallel  # DP
 
 
-def train_one_epoch(model, loader, optimizer, device, levers):
+def train_one_epoch(model, loader, optimizer, device):
     """One pass over the training batches; returns (sum of losses, samples) on `device`.
 
     The loss is added up on the device and read once per epoch: `.item()` in the loop
-    would make the CPU wait for the GPU at every step. `levers` holds chapter 10's options
-    (ddp_scripts/speed.py); each is used in a line of its own, off by default.
+    would make the CPU wait for the GPU at every step.
     """
     model.train()
     totals = torch.zeros(2, device=device, dtype=torch.float64)
-    for images, labels in loader:  # --data-on-device: already on the GPU, and .to() does nothing
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        images = images.contiguous(memory_format=levers.memory_format)  # --channels-last: NHWC
-        optimizer.zero_grad(set_to_none=True)
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)  # the batch goes where the model is
+        optimizer.zero_grad()
         with reported_if_out_of_memory(len(labels), device):
-            with levers.autocast():  # --amp: products and convolutions in bf16/fp16, the loss in float32
-                loss = F.cross_entropy(model(images), labels)
-            levers.scaler.scale(loss).backward()  # --amp fp16: the loss scaled up, so small gradients survive
-        levers.scaler.step(optimizer)  # --amp fp16: unscale, and skip the step if a gradient overflowed
-        levers.scaler.update()
+            loss = F.cross_entropy(model(images), labels)
+            loss.backward()
+        optimizer.step()
         totals[0] += loss.detach() * len(labels)
         totals[1] += len(labels)
     return totals
 
 
 def main():
-    args = add_speed_options(build_parser(__doc__.splitlines()[0])).parse_args()
+    args = build_parser(__doc__.splitlines()[0]).parse_args()
     check_args(args)
 
     # 1. Where to train. The source article: torch.device("cuda:0" if available else "cpu").
     device = pick_device(args.device)
     require_gpus_for_data_parallel(device)  # DP: cuda:0 gathers, every visible GPU computes
     threads = set_cpu_threads(args.threads)
-    levers = Levers(args, device)  # chapter 10's options, checked here; each is used in a line below
     checkpoint = prepare_out_dir(args)
     train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
                                         args.test_samples, args.dtype)
-    check_batch_fits(args.batch_size, 1, len(train_set))
+    check_batch_fits(args.batch_size, len(train_set))
 
     # 2. The model goes to the device once, where it is built; the optimizer follows it.
     model = build_model(args.model, args.seed, getattr(torch, args.dtype)).to(device)
-    model = model.to(memory_format=levers.memory_format)  # --channels-last: weights in NHWC too
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     first_epoch = resume_from(checkpoint, model, optimizer, args.out)
     model = nn.DataParallel(model)  # DP: after .to(device); the batch is split over the GPUs
-    train_model = levers.compile(model)  # --compile: fused kernels; reduce-overhead replays CUDA graphs
     start_out_dir(args, checkpoint)
 
     # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
-    shuffle = torch.Generator()
-    # --data-on-device: batches cut on the GPU; or --workers N, --pin-memory: made on the CPU.
-    train_loader = levers.loader(train_set, args.batch_size, RandomSampler(train_set, generator=shuffle), augment=args.augment)
-    test_loader = levers.loader(test_set, args.batch_size, range(len(test_set)))
-    levers.warm_up(train_one_epoch, train_model, model, optimizer, train_loader)  # --compile: before the clock starts
-    context = run_context(args, device, "dp", threads, train_set.source,  # DP
-                          gpus=torch.cuda.device_count(), **levers.record())
+    shuffle = RandomSampler(train_set, generator=torch.Generator())
+    train_loader = make_loader(train_set, args.batch_size, shuffle)
+    test_loader = make_loader(test_set, args.batch_size, range(len(test_set)))
+    context = run_context(args, device, "dp", threads, train_set.source, gpus=torch.cuda.device_count())  # DP
 
     # 4. Train and test, epoch after epoch; each batch goes to the device in train_one_epoch.
     train_start = time.perf_counter()
     for epoch in range(first_epoch, args.epochs + 1):
-        shuffle.manual_seed(args.seed + epoch)
+        shuffle.generator.manual_seed(args.seed + epoch)
         epoch_start = time.perf_counter()
-        train_totals = train_one_epoch(train_model, train_loader, optimizer, device, levers)
+        train_totals = train_one_epoch(model, train_loader, optimizer, device)
         synchronize(device)  # GPU work is queued: wait for it before reading the clock
         epoch_time = time.perf_counter() - epoch_start
         test_totals = evaluate(model, test_loader, device)
@@ -100,7 +89,7 @@ def main():
         if epoch == args.stop_after_epoch:
             say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
             break
-    write_summary(args.out, "dp", device, START, train_start, args, **levers.record())  # DP
+    write_summary(args.out, "dp", device, START, train_start, args)  # DP
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def main():
     checkpoint = on_rank_0(prepare_sharded_out_dir, args, args.batch_size * world_size)  # FSDP: the sharded checkpoint
     train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
                                         args.test_samples, args.dtype)
-    check_batch_fits(args.batch_size, world_size, len(train_set))  # DDP: the global batch
+    check_batch_fits(args.batch_size, len(train_set))
     check_same_number_of_batches(len(test_set), args.batch_size, world_size)  # FSDP: forwards in step
 
     # 2. The model goes to the device once, where it is built; then it is sharded, then the optimizer.
