@@ -286,30 +286,35 @@ def test_repository_address_written_in_the_docs_is_the_configured_one():
     assert not others, f"the repository is {url}; the docs also name {sorted(others)}"
 
 
-def fake_git(bin_dir, log, clone_works):
-    """A `git` that logs its arguments and 'clones' by creating ddp_scripts/common.py."""
+def fake_git(bin_dir, log, clone_works, hangs=False):
+    """A `git` that logs its arguments and 'clones' by creating ddp_scripts/common.py; or
+    fails; or never answers (a clone stalled on a slow network)."""
     bin_dir.mkdir()
     script = bin_dir / "git"
     body = textwrap.dedent(f"""\
         #!{sys.executable}
-        import pathlib, sys
+        import pathlib, sys, time
         with open({str(log)!r}, "a") as f:
             f.write(" ".join(sys.argv[1:]) + "\\n")
+        target = pathlib.Path(sys.argv[-1])
+        target.mkdir(parents=True)   # git makes the folder before it fetches anything
+        if {hangs!r}:
+            time.sleep(3600)
         if not {clone_works!r}:
             print("fatal: unable to access the repository", file=sys.stderr)
             sys.exit(128)
-        target = pathlib.Path(sys.argv[-1]) / "ddp_scripts"
-        target.mkdir(parents=True)
-        (target / "common.py").write_text("")
+        (target / "ddp_scripts").mkdir()
+        (target / "ddp_scripts" / "common.py").write_text("")
         """)
     script.write_text(body)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return bin_dir
 
 
-def run_setup_cell(cwd, bin_dir):
+def run_setup_cell(cwd, bin_dir, **environment):
     code = SETUP_CELL.read_text() + "\nprint('ROOT=' + str(ROOT))\nprint('RUNS=' + str(RUNS))\n"
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {key: value for key, value in os.environ.items() if not key.startswith("BOOK_")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", **environment)
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=60)
 
@@ -350,13 +355,44 @@ def test_setup_cell_alone_clones_the_repository_once(tmp_path):
     assert len(log.read_text().splitlines()) == 1
 
 
-def test_setup_cell_alone_without_network_fails_loudly(tmp_path):
+def clone_failed(result, url, clone):
+    """The set-up cell's one-line message: what failed, and what to do instead."""
+    message = result.stderr.strip().splitlines()[-1]
+    return (result.returncode != 0 and "Traceback" not in result.stderr
+            and "ROOT=" not in result.stdout and message.startswith(f"Could not clone {url}")
+            and "zip" in message and "BOOK_REPO_URL" in message and str(clone) in message
+            and not clone.exists())
+
+
+def test_setup_cell_alone_without_network_fails_with_one_line_that_says_what_to_do(tmp_path):
     alone = tmp_path / "content"
     alone.mkdir()
     result = run_setup_cell(alone, fake_git(tmp_path / "bin", tmp_path / "git.log",
                                             clone_works=False))
-    assert result.returncode != 0
-    assert "CalledProcessError" in result.stderr and "ROOT=" not in result.stdout
+    assert clone_failed(result, config()["repository"]["url"], alone / "gpu-book"), result.stderr
+
+
+def test_setup_cell_ends_a_clone_that_never_answers_at_its_time_limit(tmp_path):
+    alone = tmp_path / "content"
+    alone.mkdir()
+    log = tmp_path / "git.log"
+    result = run_setup_cell(alone, fake_git(tmp_path / "bin", log, clone_works=True, hangs=True),
+                            BOOK_CLONE_TIMEOUT="1")
+    assert clone_failed(result, config()["repository"]["url"], alone / "gpu-book"), result.stderr
+    assert "time limit 1 s" in result.stderr
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_setup_cell_clones_from_the_mirror_named_by_book_repo_url(tmp_path):
+    alone = tmp_path / "content"
+    alone.mkdir()
+    log = tmp_path / "git.log"
+    mirror = "https://gitee.com/example/pytorch-gpu-book"
+    result = run_setup_cell(alone, fake_git(tmp_path / "bin", log, clone_works=True),
+                            BOOK_REPO_URL=mirror)
+    assert result.returncode == 0, result.stderr
+    assert printed(result, "ROOT") == str(alone / "gpu-book")
+    assert log.read_text().split() == ["clone", "--depth", "1", mirror, str(alone / "gpu-book")]
 
 
 LITERALINCLUDE = re.compile(r"```\{literalinclude\} ([^\n]+)\n((?::[^\n]*\n)*)")

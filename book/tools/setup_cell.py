@@ -1,6 +1,7 @@
 # Setup: find the companion scripts (ddp_scripts/) next to this notebook; opened alone
-# (on Colab, say), fetch them from the book's repository first.
-import pathlib, subprocess, sys
+# (on Colab, say), fetch them from the book's repository first, or from a mirror of it
+# named by the environment variable BOOK_REPO_URL.
+import os, pathlib, shutil, subprocess, sys
 
 REPOSITORY = "https://github.com/pytorch-gpu-book/pytorch-gpu-book"
 here = pathlib.Path.cwd().resolve()
@@ -8,7 +9,18 @@ clone = here / "gpu-book"  # a notebook opened alone keeps its copy of the repos
 places = [here, *here.parents, clone]
 ROOT = next((p for p in places if (p / "ddp_scripts" / "common.py").exists()), None)
 if ROOT is None:
-    subprocess.run(["git", "clone", "--depth", "1", REPOSITORY, str(clone)], check=True)
+    url = os.environ.get("BOOK_REPO_URL", REPOSITORY)
+    limit = float(os.environ.get("BOOK_CLONE_TIMEOUT", "300"))  # seconds: a stalled clone ends
+    try:
+        cloned = subprocess.run(["git", "clone", "--depth", "1", url, str(clone)], timeout=limit,
+                                env={**os.environ, "GIT_TERMINAL_PROMPT": "0"}).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):  # no git here, or no answer in time
+        cloned = False
+    if not cloned:
+        shutil.rmtree(clone, ignore_errors=True)  # a half-made clone would block the next try
+        raise SystemExit(f"Could not clone {url} (time limit {limit:g} s). Download the "
+                         f"repository as a zip and unpack it as {clone}, or set BOOK_REPO_URL "
+                         f"to a mirror; then run this cell again.")
     ROOT = clone
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
