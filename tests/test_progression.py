@@ -1,5 +1,5 @@
-"""train_single.py -> train_dp.py -> train_ddp.py -> train_fsdp.py read as one progression: the
-diff is the lesson."""
+"""train_single.py -> train_dp.py -> train_ddp.py -> train_fast.py / train_fsdp.py read as one
+progression: the diff between neighbours is the lesson, so it stays short and marked."""
 import difflib
 import re
 
@@ -7,10 +7,18 @@ import pytest
 
 from helpers import SCRIPTS
 
+# (parent, child, mark): every pair a chapter prints, and the mark on each changed line.
+PAIRS = [("train_single.py", "train_dp.py", "DP"),    # chapter 4
+         ("train_single.py", "train_ddp.py", "DDP"),  # chapter 5
+         ("train_ddp.py", "train_fast.py", "FAST"),   # chapter 10
+         ("train_ddp.py", "train_fsdp.py", "FSDP")]   # chapter 11
+MOST_CHANGED = 40  # code lines added + removed, for every pair
+LEVER_FREE = ["train_single.py", "train_dp.py", "train_ddp.py"]
+
 
 def code_lines(path):
-    """The script's lines without its docstrings, comments and blank lines, as the chapter
-    counts them; a trailing comment is kept (it carries the DP/DDP mark)."""
+    """The script's lines without its docstrings, comments and blank lines, as the chapters
+    count them; a trailing comment is kept (it carries the mark)."""
     text = re.sub(r'"""(?:.|\n)*?"""', "", path.read_text())
     return [line for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
 
@@ -22,45 +30,41 @@ def hunks(before, after):
             for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
 
 
-@pytest.mark.parametrize("script, mark, most_added", [("train_dp.py", "DP", 8),
-                                                      ("train_ddp.py", "DDP", 40)])
-def test_every_change_is_marked_and_the_diff_stays_short(script, mark, most_added):
-    single, other = code_lines(SCRIPTS / "train_single.py"), code_lines(SCRIPTS / script)
-    changes = hunks(single, other)
-    added = sum(len(new) for _, new in changes)
-    assert 0 < added <= most_added, f"{script} adds or changes {added} lines"
-    for removed, new in changes:
-        assert any(re.search(rf"#.*\b{mark}\b", line) for line in new), (
-            f"a change in {script} is not marked {mark}:\n" + "\n".join(removed + ["---"] + new))
+@pytest.mark.parametrize("parent, child, mark", PAIRS)
+def test_the_diff_is_short_and_every_change_is_marked(parent, child, mark):
+    changes = hunks(code_lines(SCRIPTS / parent), code_lines(SCRIPTS / child))
+    changed = sum(len(old) + len(new) for old, new in changes)
+    assert 0 < changed <= MOST_CHANGED, f"{parent} -> {child}: {changed} code lines changed"
+    for removed, added in changes:
+        # a line of the parent is only ever replaced, by a line that says why it changed
+        assert added, f"{child} drops lines of {parent} without a marked replacement: {removed}"
+        assert any(re.search(rf"#.*\b{mark}\b", line) for line in added), (
+            f"a change in {child} is not marked {mark}:\n" + "\n".join(removed + ["---"] + added))
 
 
-def test_fsdp_changes_ddp_in_marked_lines_only():
-    """train_ddp.py -> train_fsdp.py. At most 60 lines (57 now): 13 of options (the wide MLP,
-    the global batch, one per memory setting), 11 of imports, 4 in setup (the per-rank batch),
-    2 comments on the training step, 19 for sharding, the optimizer after it, the sharded
-    checkpoints, the whole-model export and evaluation in step; and the lines where
-    train_ddp.py uses chapter 10's levers (ddp_scripts/speed.py), which train_fsdp.py leaves
-    out: its mixed precision is FSDP's own (MixedPrecisionPolicy), and the levers have not
-    been tried with sharded models."""
-    ddp, fsdp = code_lines(SCRIPTS / "train_ddp.py"), code_lines(SCRIPTS / "train_fsdp.py")
-    changes = hunks(ddp, fsdp)
-    added = sum(len(new) for _, new in changes)
-    assert 0 < added <= 60, f"train_fsdp.py adds or changes {added} lines of train_ddp.py"
-    for removed, new in changes:
-        if not new:  # a line only taken out: only the levers may be
-            assert all(re.search(r"\blevers\b|\bspeed\b", line) for line in removed), removed
-            continue
-        assert any(re.search(r"#.*\bFSDP\b", line) for line in new), (
-            "a change in train_fsdp.py is not marked FSDP:\n" + "\n".join(removed + ["---"] + new))
+def test_the_marker_is_only_on_changed_lines():
+    """A `# DDP` on a line that train_single.py also has would point at nothing."""
+    for parent, child, mark in PAIRS:
+        parent_lines = set(code_lines(SCRIPTS / parent))
+        for line in code_lines(SCRIPTS / child):
+            if re.search(rf"#.*\b{mark}\b", line):
+                assert line not in parent_lines, f"{child}: {line.strip()}"
 
 
-@pytest.mark.parametrize("script", ["train_single.py", "train_dp.py", "train_ddp.py",
-                                    "train_fsdp.py"])
-def test_the_training_loop_is_in_each_script(script):
+@pytest.mark.parametrize("script", LEVER_FREE)
+def test_the_lever_free_scripts_show_the_canonical_step(script):
     text = (SCRIPTS / script).read_text()
-    # backward and step may go through --amp's gradient scaler (a pass-through when it is off)
-    for spellings in (("model(images)",), ("F.cross_entropy(",),
-                      ("loss.backward()", "scaler.scale(loss).backward()"),
-                      ("optimizer.step()", "scaler.step(optimizer)"), ("optimizer.zero_grad(",),
-                      ("for epoch in range(",)):
-        assert any(step in text for step in spellings), f"{script} does not show {spellings[0]}"
+    for step in (".to(device)", "optimizer.zero_grad()", "model(images)", "F.cross_entropy(",
+                 "loss.backward()", "optimizer.step()", "for epoch in range("):
+        assert step in text, f"{script} does not show {step}"
+    assert "speed" not in re.findall(r"^(?:from|import) (\S+)", text, re.M) and \
+        "ddp_scripts.speed" not in text, f"{script} imports chapter 10's options"
+    assert "scaler" not in text and "autocast" not in text and "levers" not in text
+
+
+@pytest.mark.parametrize("script", ["train_fast.py", "train_fsdp.py"])
+def test_the_children_keep_the_parents_step(script):
+    text = (SCRIPTS / script).read_text()
+    for step in ("model(images)", "F.cross_entropy(", "backward()", "step(optimizer)"
+                 if script == "train_fast.py" else "optimizer.step()", "for epoch in range("):
+        assert step in text, f"{script} does not show {step}"
