@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh machine with Python 3.10+ (README.md):
 #   make book    create .venv, execute every notebook, write the HTML to _build/html
+#                (again only when a source changed since the last build)
 #   make test    make book, then run every test (scripts, launcher, faults, the built site)
 # and one more, once, for the tests that open the built pages in a browser:
 #   make browser  install Debian's chromium and a Chinese font (needs root; elsewhere, install
@@ -21,8 +22,18 @@ $(INSTALLED): requirements.txt book/tools/offline_assets.py
 	$(BIN)/python book/tools/offline_assets.py  # widgets, require.js, MathJax: pinned npm tarballs, once
 	touch $@
 
-book: $(INSTALLED)
+# The book is rebuilt only when one of its sources changed since the last build: a real
+# target, _build/html/.stamp, over every file the build reads. A fresh clone (and CI) has
+# no _build, so it builds from scratch.
+BOOK_STAMP := _build/html/.stamp
+BOOK_SOURCES := _config.yml _toc.yml requirements.txt $(shell find notebooks ddp_scripts book results \
+	-type f -not -path '*/__pycache__/*' -not -path '*/.ipynb_checkpoints/*' 2>/dev/null)
+
+book: $(BOOK_STAMP)
+
+$(BOOK_STAMP): $(INSTALLED) $(BOOK_SOURCES)
 	$(BIN)/python book/tools/build.py
+	touch $@
 
 test: book
 	$(PYTEST) tests

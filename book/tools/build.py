@@ -74,7 +74,11 @@ EDITIONS = {
     "zh": Edition("zh", BUILD / "src-zh", HTML / ZH, BUILD / "notebook-timings-zh.xml",
                   ROOT / "notebooks" / ZH, ROOT / "book" / ZH),
 }
-NOTEBOOK_TIMEOUT_S = 900
+# The two limits of an nbmake run, each passed on its command line: nbmake's own limit is per
+# cell; pytest-timeout's (the repository sets one for the tests) would otherwise end a whole
+# notebook after the tests' limit, so the build sets its own, per notebook.
+CELL_TIMEOUT_S = 900
+NOTEBOOK_TIMEOUT_S = 1800
 NUMBERED_TITLE = re.compile(r"\A(\s*#\s+)\d+\.\s+")
 
 
@@ -82,11 +86,13 @@ class BuildError(Exception):
     """Bad input to the build: reported as one line, exit status 2."""
 
 
-def stage(edition, notebooks=True):
+def stage(edition, notebooks=True, site=True):
     """A fresh copy of one edition's sources in its build folder (_build/src, _build/src-zh).
 
     With notebooks=False (--render-only), only the front matter and the configuration are
-    refreshed: the executed notebooks, and the scripts they ran, stay as they were.
+    refreshed: the executed notebooks, and the scripts they ran, stay as they were. With
+    site=False (gpu_check.py: a copy to execute, never rendered) the site's JavaScript and
+    launch buttons are left out.
     """
     src = edition.src
     names = SOURCES if notebooks else FRONT_MATTER
@@ -112,6 +118,8 @@ def stage(edition, notebooks=True):
             prepare_for_the_book(notebook)
         # nbmake skips notebooks under a `_build` folder; this plugin collects them.
         shutil.copy2(ROOT / "book" / "tools" / "nbmake_build_copy.py", src / "conftest.py")
+    if not site:
+        return
     hub = jupyterhub_url()
     if hub:
         set_jupyterhub_url(src / "_config.yml", hub)
@@ -216,15 +224,23 @@ def set_jupyterhub_url(config_path, hub):
 def execute(edition):
     """Run every notebook of a copy with nbmake, outputs written back into the copy."""
     edition.timings.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "pytest", "--nbmake", "--overwrite",
-               f"--nbmake-timeout={NOTEBOOK_TIMEOUT_S}", "-p", "no:cacheprovider",
-               f"--junitxml={edition.timings}", "-o", "junit_family=xunit1",
-               "-o", "addopts=",  # the repository's test options are not for this run
-               "--rootdir", str(edition.src),
-               str(edition.src / "notebooks")]
+    command = nbmake_command(edition.src, [edition.src / "notebooks"], edition.timings)
     print("+", " ".join(command), flush=True)
     MACHINE.write_text(describe_machine() + "\n")
     return subprocess.run(command, cwd=edition.src).returncode
+
+
+def nbmake_command(src, targets, timings, cell_timeout_s=CELL_TIMEOUT_S,
+                   notebook_timeout_s=NOTEBOOK_TIMEOUT_S):
+    """pytest --nbmake over targets (notebooks or folders) of the copy src, outputs written
+    back, timings to a JUnit file (gpu_check.py runs the same command, one notebook at a time).
+    cell_timeout_s limits each cell (nbmake); notebook_timeout_s each notebook (pytest-timeout)."""
+    return [sys.executable, "-m", "pytest", "--nbmake", "--overwrite",
+            f"--nbmake-timeout={cell_timeout_s}", "-o", f"timeout={notebook_timeout_s}",
+            "-p", "no:cacheprovider",
+            f"--junitxml={timings}", "-o", "junit_family=xunit1",
+            "-o", "addopts=",  # the repository's test options are not for this run
+            "--rootdir", str(src), *map(str, targets)]
 
 
 # The generated execution-times page, in each edition's language.
