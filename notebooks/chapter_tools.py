@@ -1,6 +1,6 @@
 """Helpers that only the chapters use (the training scripts do not need them).
 
-    from notebooks.chapter_tools import device_table
+    from notebooks.chapter_tools import device_table, machine_load, data_notice
 """
 import os
 
@@ -49,3 +49,38 @@ def _ram_gib():
         return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def machine_load():
+    """The condition a timing was taken under, in one line: the 1-minute load average.
+
+    The load average is the number of threads that were running or waiting for a core,
+    averaged over the last minute; the measuring process counts too. Above the number of
+    usable cores, more work wanted the processor than it has cores, and a CPU time measured
+    then is slower than the hardware alone would give.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows
+        cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return f"{cores} usable cores (no load average on this system)"
+    busy = (", busy: more work than cores, so CPU times are slower than the hardware alone"
+            if load > cores else "")
+    return f"load average (1 min) {load:.2f} on {cores} usable cores{busy}"
+
+
+def data_notice(dataset):
+    """A line that cannot be missed when `dataset` is not CIFAR-10 (the synthetic fallback)."""
+    if dataset.source == "cifar10":
+        return "Data: CIFAR-10."
+    rule = "!" * 78
+    return "\n".join([
+        rule,
+        f"!! NOT CIFAR-10: this run uses the {dataset.source} data set.",
+        "!! CIFAR-10 could not be downloaded. Every loss and accuracy below is the synthetic",
+        "!! set's, not CIFAR-10's. To use CIFAR-10 without a download, put",
+        "!! cifar-10-python.tar.gz into the data/ folder and run the cell again.",
+        rule])
