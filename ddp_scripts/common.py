@@ -604,6 +604,8 @@ def check_one_gpu_per_rank(device):
     """Two ranks on one GPU deadlock or fail inside nccl; say so in one line instead."""
     if device.type != "cuda" or dist.get_world_size() == 1:
         return
+    # gloo binds to the address the host name resolves to: on several nodes whose names
+    # resolve to 127.0.1.1 (/etc/hosts), set GLOO_SOCKET_IFNAME as well as NCCL_SOCKET_IFNAME
     cpu_group = dist.new_group(backend="gloo")  # nccl cannot even compare notes on a shared GPU
     uuids = [None] * dist.get_world_size()
     dist.all_gather_object(uuids, str(torch.cuda.get_device_properties(device).uuid),
