@@ -41,8 +41,11 @@ test: book
 check: $(INSTALLED)
 	$(PYTEST) tests $(foreach t,$(SITE_TESTS),--ignore=$(t))
 
+# apt-get needs root: as root it runs directly, otherwise through sudo (a CI runner, say).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 browser:
-	@command -v chromium >/dev/null && fc-list :lang=zh | grep -q . || { apt-get update -q && apt-get install -y -q chromium fonts-wqy-microhei; }
+	@command -v chromium >/dev/null && fc-list :lang=zh | grep -q . || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium fonts-wqy-microhei; }
 
 # On a machine with GPUs, with the interpreter it already has (no .venv is made):
 #   PYTHON=python3 make gpu-check
