@@ -14,7 +14,7 @@ PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
 # The tests that read the built site (_build/html) or open it in a browser.
 SITE_TESTS := tests/test_site_html.py tests/test_site_browser.py tests/test_site_editions.py
 
-.PHONY: book test check browser gpu-check student-copies clean
+.PHONY: book test check browser gpu-check gpu-bundle student-copies clean
 
 $(INSTALLED): requirements.txt book/tools/offline_assets.py
 	$(PYTHON) -m venv $(VENV)
@@ -48,11 +48,20 @@ browser:
 	@command -v chromium >/dev/null && fc-list :lang=zh | grep -q . || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium fonts-wqy-microhei; }
 
 # On a machine with GPUs, with the interpreter it already has (no .venv is made):
-#   PYTHON=python3 make gpu-check
-# runs every notebook and the gpu tests, the full-size benchmarks, and writes a recorded run
-# and a report (book/tools/gpu_check.py says what each step needs).
+#   PYTHON=python3 make gpu-check BUDGET=540
+# runs, in order of value, what fits in BUDGET seconds (the notebooks with stale or unrecorded
+# GPU cells one at a time, the gpu tests, the micro-measurement, the benchmarks), records it in
+# results/gpu-runs/<date>-<hardware>/, and says what it left; the next call continues there.
+# DRY_RUN=1 prints the plan with each step's estimate. `make gpu-bundle` (on a machine with a
+# package index) writes the wheels a GPU machine without one needs into .gpu-wheels/ and
+# prints the command line to run there.
+BUDGET ?=
+GPU_CHECK_ARGS := $(if $(BUDGET),--budget $(BUDGET)) $(if $(DRY_RUN),--dry-run)
 gpu-check:
-	$(PYTHON) book/tools/gpu_check.py
+	$(PYTHON) book/tools/gpu_check.py $(GPU_CHECK_ARGS)
+
+gpu-bundle:
+	$(PYTHON) book/tools/gpu_check.py --bundle $(if $(BUDGET),--budget $(BUDGET),--budget 540)
 
 student-copies: $(INSTALLED)
 	$(BIN)/python book/tools/student_copies.py

@@ -10,6 +10,8 @@ holds what those cells printed when the notebooks ran on a GPU machine: written 
                      # from the benchmark's results file (hardware, date), the results files
                      # copied beside them without terminal escape codes
     python book/tools/gpu_recordings.py status   # every recording: current or stale, per cell
+    python book/tools/gpu_recordings.py conditions FOLDER --concurrent-notebooks 4 --source TEXT
+                     # FOLDER/conditions.json for a recording made before gpu_check.py wrote one
 
 Which cells depend on a GPU is said once, in the committed notebooks, by cell tags:
 `gpu-output` (its output differs on a GPU machine) and, with it, `multi-gpu` (what it shows
@@ -18,6 +20,15 @@ hash of the source that ran and the outputs as nbformat wrote them. At build tim
 (book/tools/build.py) every tagged cell gets, after its own outputs, one labelled box per
 recording; a recording whose source hash differs from the cell's source now is marked stale
 on the page and in the build's output, never shown as current.
+
+How a recording was made goes with it, in its conditions.json: how many notebooks ran at once,
+the machine's cores, and each notebook's load average (1 min) before and after it ran. Every box
+says so: a recording made while other work ran ("loaded": several notebooks at once, or a load
+before the notebook of half the cores or more, the rule chapter 7 applies to benchmark files)
+is labelled loaded, with the load it recorded, so no timing from a loaded machine is shown as
+if the machine had been idle. Several recordings of the same hardware (several calls of
+`make gpu-check --budget`, each recording what it had time for) are one source: each cell shows
+the newest recording of that hardware that has it.
 """
 import argparse
 import base64
@@ -33,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = ROOT / "results" / "gpu-runs"
 CELLS_FILE = "cells.json"
 RUN_FILE = "run.json"
+CONDITIONS_FILE = "conditions.json"
 GPU_TAG = "gpu-output"
 MULTI_GPU_TAG = "multi-gpu"
 MARKER = "gpu_recording"     # metadata key of the outputs this module adds to a cell
@@ -75,14 +87,17 @@ def merge_streams(outputs):
     return merged
 
 
-def record(executed_dir, committed_dir=ROOT / "notebooks"):
+def record(executed_dir, committed_dir=ROOT / "notebooks", names=None):
     """{notebook name: {cell id: {...}}} for every gpu-output cell, from executed notebooks.
 
     The tags come from the committed notebooks (they say which cells depend on a GPU); the
     source hash and the outputs from the executed ones (what ran, and what it printed).
+    names: only these notebooks (the ones that ran); default every one found executed.
     """
     cells = {}
     for committed in sorted(Path(committed_dir).glob("*.ipynb")):
+        if names is not None and committed.name not in names:
+            continue
         wanted = gpu_cells(json.loads(committed.read_text()))
         if not wanted:
             continue
@@ -120,11 +135,55 @@ def clean_results_file(source, target):
     return count
 
 
-def write_recording(folder, run, cells):
+def write_json(path, data):
+    Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_recording(folder, run, cells, conditions=None):
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / RUN_FILE).write_text(json.dumps(run, indent=1, ensure_ascii=False) + "\n")
-    (folder / CELLS_FILE).write_text(json.dumps(cells, indent=1, ensure_ascii=False) + "\n")
+    write_json(folder / RUN_FILE, run)
+    write_json(folder / CELLS_FILE, cells)
+    if conditions is not None:
+        write_json(folder / CONDITIONS_FILE, conditions)
+
+
+RECORDED_LOAD = re.compile(r"load average \(1 min\) before/after the runs: ([\d.]+) / ([\d.]+) "
+                           r"on (\d+) cores")
+
+
+def conditions_of_earlier_run(cells, concurrent_notebooks, source, cores=None):
+    """conditions.json for a recording made before gpu_check.py wrote one: how many notebooks
+    ran at once (from its README or log: `source` says where), and the load averages that
+    its own recorded outputs printed (chapter 7's benchmark cell prints them)."""
+    notebooks = {}
+    for name, entries in cells.items():
+        for cell_id, entry in entries.items():
+            for output in entry["outputs"]:
+                found = RECORDED_LOAD.search(text_of(output))
+                if found:
+                    before, after, cores = float(found[1]), float(found[2]), int(found[3])
+                    notebooks[name] = {"load_average_before": [before],
+                                       "load_average_after": [after],
+                                       "load_from": f"cell {cell_id}'s output: the load before "
+                                                    "and after its benchmark runs"}
+    return {"concurrent_notebooks": concurrent_notebooks, "cores": cores, "source": source,
+            "notebooks": notebooks}
+
+
+def notebook_conditions(run, name):
+    """(loaded, concurrent, load before, load after, cores) of one notebook of a recording;
+    None when the recording says nothing about how it was made."""
+    conditions = run.get("conditions")
+    if not conditions:
+        return None
+    mine = conditions.get("notebooks", {}).get(name, {})
+    before = (mine.get("load_average_before") or [None])[0]
+    after = (mine.get("load_average_after") or [None])[0]
+    cores = conditions.get("cores")
+    concurrent = conditions.get("concurrent_notebooks", 1)
+    loaded = concurrent > 1 or (before is not None and cores and before >= cores / 2)
+    return loaded, concurrent, before, after, cores
 
 
 def hardware_label(gpus, cores, driver=None, torch=None, cuda=None):
@@ -168,9 +227,23 @@ def load_recordings(root=RECORDINGS):
     found = []
     for folder in sorted(Path(root).glob("*")):
         if (folder / RUN_FILE).exists() and (folder / CELLS_FILE).exists():
-            found.append((folder, json.loads((folder / RUN_FILE).read_text()),
-                          json.loads((folder / CELLS_FILE).read_text())))
+            run = json.loads((folder / RUN_FILE).read_text())
+            if (folder / CONDITIONS_FILE).exists():
+                run["conditions"] = json.loads((folder / CONDITIONS_FILE).read_text())
+            found.append((folder, run, json.loads((folder / CELLS_FILE).read_text())))
     return found
+
+
+def newest_with(recordings, name, cell_id):
+    """Per hardware, the newest recording that has this cell (or, where none has it, the
+    newest of that hardware): what a page shows for one cell."""
+    newest, newest_having = {}, {}
+    for recording in sorted(recordings, key=lambda r: r[0].name):   # folders start with dates
+        hardware = recording[1]["hardware"]
+        newest[hardware] = recording
+        if cell_id in recording[2].get(name, {}):
+            newest_having[hardware] = recording
+    return [newest_having.get(hardware, newest[hardware]) for hardware in newest]
 
 
 def label(run):
@@ -195,6 +268,14 @@ WORDS = {
         "none_multi": " No multi-GPU recording exists yet either.",
         "no_output": "(no output)",
         "figure": "recorded figure",
+        "loaded": "<strong>Recorded on a loaded machine</strong>: {how}. Its timings are not "
+                  "those of an idle machine.",
+        "alone": "Recorded with this notebook alone on the machine ({load}).",
+        "concurrent": "{n} notebooks ran at once there",
+        "load": "load average (1 min) {before} → {after} while it ran, on {cores} cores",
+        "busy_load": "other work was running: load average (1 min) {before} → {after} while it "
+                     "ran, on {cores} cores",
+        "no_load": "the load average was not recorded for this notebook",
     },
     "zh": {
         "missing": "{title} 上没有记录：这个单元比那次记录新。在有 GPU 的机器上运行 "
@@ -210,6 +291,13 @@ WORDS = {
         "none_multi": "也还没有多 GPU 的记录。",
         "no_output": "（没有输出）",
         "figure": "记录的图",
+        "loaded": "<strong>记录时机器负载较重</strong>：{how}。其中的计时不是空闲机器上的结果。",
+        "alone": "记录时机器上只运行着这一个笔记本（{load}）。",
+        "concurrent": "当时有 {n} 个笔记本同时运行",
+        "load": "运行期间的平均负载（1 分钟）从 {before} 变为 {after}，共 {cores} 个核",
+        "busy_load": "当时还有别的任务在运行：运行期间的平均负载（1 分钟）从 {before} 变为 {after}，"
+                     "共 {cores} 个核",
+        "no_load": "这个笔记本的平均负载没有记录",
     },
 }
 
@@ -251,7 +339,27 @@ def outputs_html(outputs, language="en"):
     return "".join(parts) or f"<p><em>{WORDS[language]['no_output']}</em></p>"
 
 
-def box(run, entry, current_hash, multi_gpu, language="en"):
+def conditions_html(run, name, language="en"):
+    """The line that says how the recording of this notebook was made ('' if unknown)."""
+    found = notebook_conditions(run, name)
+    if found is None:
+        return ""
+    words = WORDS[language]
+    loaded, concurrent, before, after, cores = found
+    if before is None:
+        load = words["no_load"]
+    else:
+        load = words["busy_load" if concurrent == 1 and loaded else "load"].format(
+            before=before, after=after if after is not None else "?", cores=cores)
+    if not loaded:
+        return f'<p class="gpu-recording-conditions">{words["alone"].format(load=load)}</p>'
+    how = (words["concurrent"].format(n=concurrent) + ("; " if language == "en" else "；") + load
+           if concurrent > 1 else load)
+    return (f'<p class="gpu-recording-conditions gpu-recording-loaded">'
+            f'{words["loaded"].format(how=how)}</p>')
+
+
+def box(run, entry, current_hash, multi_gpu, language="en", name=""):
     """The HTML shown after a cell for one recorded run, and whether it is stale."""
     words = WORDS[language]
     title = html.escape(label(run))
@@ -260,7 +368,7 @@ def box(run, entry, current_hash, multi_gpu, language="en"):
         return f'<div class="gpu-recording gpu-recording-stale">{body}</div>', True
     stale = entry["source_sha256"] != current_hash
     said = words["stale" if stale else "current"].format(title=title)
-    head = f'<p class="gpu-recording-label">{said}</p>'
+    head = f'<p class="gpu-recording-label">{said}</p>' + conditions_html(run, name, language)
     if multi_gpu and run.get("gpus", 0) < 2:
         head += f'<p class="gpu-recording-multi">{words["one_gpu"]}</p>'
     kind = "gpu-recording-stale" if stale else "gpu-recording-current"
@@ -280,9 +388,9 @@ def annotate(notebook, name, recordings, language="en"):
         current = source_hash(source_of(cell))
         multi_gpu = MULTI_GPU_TAG in tags_of(cell)
         boxes = []
-        for folder, run, cells in recordings:
+        for folder, run, cells in newest_with(recordings, name, cell.get("id")):
             entry = cells.get(name, {}).get(cell.get("id"))
-            shown, stale = box(run, entry, current, multi_gpu, language)
+            shown, stale = box(run, entry, current, multi_gpu, language, name)
             boxes.append(shown)
             if stale:
                 why = "not recorded" if entry is None else "its code changed since"
@@ -302,7 +410,7 @@ def annotate(notebook, name, recordings, language="en"):
 
 def status(recordings=None, committed_dir=ROOT / "notebooks"):
     """Lines: every gpu-output cell of the committed notebooks against every recording."""
-    recordings = latest_per_hardware(load_recordings() if recordings is None else recordings)
+    recordings = load_recordings() if recordings is None else recordings
     lines, stale = [], 0
     for path in sorted(Path(committed_dir).glob("*.ipynb")):
         notebook = json.loads(path.read_text())
@@ -328,7 +436,27 @@ def main(argv=None):
     rec.add_argument("--commit", required=True, help="the commit the run executed")
     rec.add_argument("--note", default="", help="anything else a reader should know")
     commands.add_parser("status", help="which recordings are stale")
+    cond = commands.add_parser("conditions", help="write conditions.json for a recording made "
+                                                  "before gpu_check.py wrote one")
+    cond.add_argument("folder")
+    cond.add_argument("--concurrent-notebooks", type=int, required=True,
+                      help="how many notebooks ran at once in that run")
+    cond.add_argument("--source", required=True, help="where that number is recorded")
     args = parser.parse_args(argv)
+    if args.command == "conditions":
+        folder = Path(args.folder)
+        if not (folder / CELLS_FILE).is_file():
+            print(f"error: {folder} holds no {CELLS_FILE}: not a recording", file=sys.stderr)
+            return 2
+        if args.concurrent_notebooks < 1:
+            print("error: --concurrent-notebooks must be 1 or more", file=sys.stderr)
+            return 2
+        conditions = conditions_of_earlier_run(json.loads((folder / CELLS_FILE).read_text()),
+                                               args.concurrent_notebooks, args.source)
+        write_json(folder / CONDITIONS_FILE, conditions)
+        print(f"wrote {folder / CONDITIONS_FILE}: {args.concurrent_notebooks} notebook(s) at "
+              f"once, load recorded for {len(conditions['notebooks'])} notebook(s)")
+        return 0
     if args.command == "record":
         cells = record(args.executed_dir)
         run = run_from_results(args.results[0], args.commit, args.note)

@@ -103,7 +103,7 @@ def prepare(notebooks, build_copy=None, recordings_root=None, report=print,
     """Make every executed notebook ready for the page, in place. Returns the stale lines."""
     root = recordings_root or (Path(build_copy) / "results" / "gpu-runs" if build_copy
                                else gpu_recordings.RECORDINGS)
-    recordings = gpu_recordings.latest_per_hardware(gpu_recordings.load_recordings(root))
+    recordings = gpu_recordings.load_recordings(root)   # each cell: the newest that has it
     scrub = scrubber(build_copy)
     stale, shown = [], 0
     for path in notebooks:
