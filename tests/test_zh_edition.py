@@ -232,7 +232,10 @@ def test_check_names_a_planted_variant_with_its_page_cell_and_line(copies):
     english, chinese, english_page, chinese_page = copies
     before = translations.notebook_problems(english, chinese)
     notebook = json.loads(chinese.read_text())
-    number, cell = prose_cells(notebook)[3]
+    current = {c["id"]: translations.sha(cell_source(c))
+               for c in json.loads(english.read_text())["cells"]}
+    number, cell = next((n, c) for n, c in prose_cells(notebook)
+                        if translations.recorded(c) == current[c["id"]])   # translated, current
     cell["source"] = cell_source(cell) + "\n\n修改之后要重启内核。"
     chinese.write_text(json.dumps(notebook, ensure_ascii=False))
     problems = [p for p in translations.notebook_problems(english, chinese) if p not in before]

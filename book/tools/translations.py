@@ -60,7 +60,7 @@ TERMS = [
     (r"个\s?(?:GPU|显卡)",
      r"个\s?GPU\s?(?:kernel|核函数|进程|张量|任务|上下文|流|操作|算子|函数|事件)",
      "块 GPU (单卡, 多卡 where natural)"),
-    (r"(?<![`\w.-])epochs?(?![`\w-])", r"轮\s?（epochs?）",
+    (r"(?<![`\w.-])epochs?(?![`\w-])", r"轮\s?（epochs?）|\|\s?epochs?\s?\|",
      "轮（epoch） on a chapter's first use, then 轮"),
     (r"批归一化|批标准化|批量标准化|批规范化|批量规范化", None, "批量归一化（BatchNorm）"),
     (r"内核", r"Jupyter\s?内核",
