@@ -8,15 +8,43 @@ import sys
 import textwrap
 
 import pytest
+from markdown_it import MarkdownIt
+from mdit_py_plugins.colon_fence import colon_fence_plugin
 
 from book_files import (ROOT, SETUP_CELL, cell_source, chapter_id, chapters, config,
                         first_code_cell, load_notebook, source_path, toc_entries)
 
 sys.path.insert(0, str(ROOT / "book" / "tools"))
-from student_copies import PARSER, fence_problems  # noqa: E402
 
 CHAPTERS = chapters()
 CHAPTER_IDS = [path.stem for path, _ in CHAPTERS]
+
+# The block parser MyST uses for fences and colon fences.
+PARSER = MarkdownIt("commonmark").use(colon_fence_plugin)
+
+
+def fence_problems(markdown):
+    """Directive fences closed early by a fence inside them, as messages (empty: none).
+
+    ```{solution} ... ```python ... ``` ... ``` ends at the inner closing fence: the rest of
+    the answer falls outside the solution, visible. The fence around must be longer
+    (````{solution}) or use colons (:::{solution}, with myst's colon_fence).
+    """
+    problems = []
+    for token in PARSER.parse(markdown):
+        match = re.match(r"\s*\{([\w-]+)\}", token.info or "")
+        if token.type not in ("fence", "colon_fence") or token.map is None or not match:
+            continue
+        name, char, length = match.group(1), token.markup[0], len(token.markup)
+        for offset, line in enumerate(token.content.splitlines(), start=1):
+            inner = re.match(r" {0,3}(`{3,}|~{3,}|:{3,})", line)
+            if inner and inner.group(1)[0] == char and len(inner.group(1)) >= length:
+                problems.append(f"the {{{name}}} block at line {token.map[0] + 1} is closed "
+                                f"early by the fence at line {token.map[0] + 1 + offset}: "
+                                f"open it with a longer fence ({char * (length + 1)}{{{name}}})")
+                break
+    return problems
+
 
 
 def test_readme_gives_the_two_commands_and_ci_runs_the_test_command():
@@ -421,3 +449,10 @@ def test_included_code_is_still_there(page, included, options):
     if "pyobject" in options:
         assert re.search(rf"^\s*(def|class) {options['pyobject']}\b", text, re.M), (
             f"{page.name}: no {options['pyobject']} in {included.name}")
+
+
+def test_a_solution_closed_early_by_its_own_code_fence_is_found():
+    early = "```{solution} ch09-a\n:class: dropdown\n```python\nleak()\n```\n```\n"
+    assert "closed early" in fence_problems(early)[0]
+    assert fence_problems(early.replace("```{solution}", "````{solution}", 1)
+                          .rstrip("\n").rsplit("\n", 1)[0] + "\n````\n") == []
