@@ -1,6 +1,6 @@
 """Checks of the machine a reader trains on: chapter 8, "The machines readers have".
 
-    from notebooks.machine_check import gather_facts, check, print_findings
+    from notebooks.machine_check import gather_facts, check, print_findings, strings_in_library
 
 `gather_facts()` reads this machine (GPUs, peer-to-peer access, /dev/shm, driver, the wheel's
 CUDA version and architectures); `check(facts)` turns facts into findings, each with what to
@@ -8,6 +8,7 @@ change; `print_findings` prints them. `check` reads nothing itself, so the tests
 machine (a 64 MB /dev/shm, two GPUs without peer-to-peer, a TITAN Xp).
 """
 import os
+import pathlib
 import shutil
 import subprocess
 
@@ -99,6 +100,21 @@ def copy_comes_back_equal(source, target):
     peer-to-peer copies returns zeros or other values there, without an error."""
     numbers = torch.arange(2**18, dtype=torch.float32, device=f"cuda:{source}")
     return torch.equal(numbers.to(f"cuda:{target}").cpu(), numbers.cpu())
+
+
+def strings_in_library(path, *phrases):
+    """For each phrase, the first text in the compiled library `path` that contains it: the
+    messages a library prints, read from the library itself (as `strings` does)."""
+    data = pathlib.Path(path).read_bytes()
+    found = []
+    for phrase in phrases:
+        at = data.find(phrase.encode())
+        if at < 0:
+            found.append(f"({phrase!r} is not in {pathlib.Path(path).name})")
+            continue
+        start, end = data.rfind(b"\0", 0, at) + 1, data.find(b"\0", at)
+        found.append(data[start:end].decode(errors="replace"))
+    return found
 
 
 def _mib(size):
