@@ -122,3 +122,60 @@ def test_batchnorm_statistics_agree_across_gpus(tmp_path):
     means = [json.loads((tmp_path / f"rank{rank}.json").read_text())["running_mean"]
              for rank in (0, 1)]
     assert means[0] == means[1]
+
+
+FSDP_SMALL = dict(dataset="synthetic", train_samples=512, test_samples=128, batch_size=16,
+                  timeout=600, progress=False)
+
+
+@one_gpu
+def test_fsdp_on_one_gpu_trains_and_reports_its_memory_per_rank(tmp_path):
+    frame = run_script("train_fsdp.py", nproc=1, out=tmp_path, device="cuda", epochs=1,
+                       model="mlp", width=1024, **FSDP_SMALL)
+    row = frame.iloc[-1]
+    assert (row["backend"], row["world_size"], row["device"]) == ("nccl", 1, "cuda:0")
+    # world size 1: the one rank holds every parameter, and the GPU's peak is measured
+    assert row["param_bytes_per_rank"] == 4 * row["parameters"]
+    assert row["max_memory_allocated"] >= row["param_bytes_per_rank"]
+
+
+@one_gpu
+def test_fsdp_sharded_checkpoint_resumes_over_nccl_as_an_uninterrupted_run(tmp_path):
+    options = dict(device="cuda", epochs=2, model="mlp", width=256, dtype="float64",
+                   **FSDP_SMALL)
+    run_script("train_fsdp.py", nproc=1, out=tmp_path / "straight", **options)
+    run_script("train_fsdp.py", nproc=1, out=tmp_path / "resumed", stop_after_epoch=1, **options)
+    run_script("train_fsdp.py", nproc=1, out=tmp_path / "resumed", resume=True, **options)
+    straight, resumed = (torch.load(tmp_path / name / CHECKPOINT, weights_only=True)
+                         for name in ("straight", "resumed"))
+    assert resumed["epoch"] == straight["epoch"] == 2
+    assert max_difference(straight["model"], resumed["model"]) < 1e-12
+    assert [r["epoch"] for r in metrics_rows(tmp_path / "resumed", strict=True)] == [1, 2]
+
+
+# train_fast.py: train_ddp.py with chapter 10's levers, on one GPU under torchrun.
+LEVERS = [
+    ({"data_on_device": True}, {"data_on_device": True}),
+    ({"workers": 2, "pin_memory": True}, {"workers": 2, "pin_memory": True}),
+    ({"augment": True}, {"augment": True}),
+    ({"amp": "bf16", "channels_last": True}, {"amp": "bf16", "channels_last": True}),
+    ({"amp": "fp16"}, {"amp": "fp16"}),
+    ({"compile": "default"}, {"compile": "default"}),
+    ({"compile": "reduce-overhead", "data_on_device": True},
+     {"compile": "reduce-overhead", "data_on_device": True}),
+]
+
+
+@one_gpu
+@pytest.mark.parametrize("levers, recorded", LEVERS,
+                         ids=["-".join(f"{k}={v}" for k, v in lv.items()) for lv, _ in LEVERS])
+def test_train_fast_levers_take_effect_on_the_gpu_and_it_still_learns(tmp_path, levers, recorded):
+    frame = run_script("train_fast.py", nproc=1, out=tmp_path, device="cuda", epochs=2,
+                       **levers, **FSDP_SMALL)
+    first, last = frame.iloc[0], frame.iloc[-1]
+    assert (last["backend"], last["device"]) == ("nccl", "cuda:0")
+    for key, value in recorded.items():
+        assert last[key] == value, (key, last[key])
+    assert last["train_loss"] < first["train_loss"]
+    if levers.get("compile", "off") != "off":
+        assert last["compile_s"] > 0

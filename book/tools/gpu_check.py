@@ -341,6 +341,7 @@ class Check:
         self.budget_s, self.args, self.clock = budget_s, args, clock
         self.started = clock()
         self.execute = execute or run_command
+        Path(folder).mkdir(parents=True, exist_ok=True)
         self.state = load_state(folder)
         self.state.setdefault("calls", []).append({
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
