@@ -19,9 +19,11 @@ run of the companion scripts, in a directory of its own under --runs-dir:
 With --tuned, three more rows, each beside its plain one (chapter 10):
 
     cpu-tuned  the cpu row with the thread count and batch that trained fastest in a short probe
-    gpu-tuned  the gpu row with the fastest options: data on the GPU, the step replayed as
-               CUDA graphs, TF32; for ResNet-18 also bf16 (fp16 without bf16) and channels_last
-    ddp-tuned  the ddp row on GPUs with the same options (on the CPU: skipped, with the reason)
+    gpu-tuned  train_fast.py under torchrun, one process, one GPU, with its levers: data on
+               the GPU, TF32, the model compiled (the CNN with CUDA graphs); for ResNet-18 also
+               bf16 (fp16 without bf16) and channels_last (tuned_gpu_options)
+    ddp-tuned  train_fast.py with the same levers on the ddp row's GPUs (on the CPU: skipped,
+               with the reason)
 
 Each configuration runs --repeats times, round after round (cpu, gpu, dp, ddp, then again), so
 that other work on the machine slows one repeat of several configurations rather than every
@@ -76,13 +78,18 @@ RELIABLE_SPREAD = 1.5
 # The plan: one command per configuration, or the reason it cannot run here
 # ---------------------------------------------------------------------------------------
 def tuned_gpu_options(model, bf16=True):
-    """The fastest options of the training scripts on a GPU (chapter 10), as the H200 measured
-    them (results/gpu-runs/2026-11-30-h200/micro.txt): the data set kept on the GPU and the
-    step replayed as CUDA graphs; for ResNet-18, whose convolutions are large enough for
-    tensor cores, also bf16 (fp16 on a GPU without bf16) and the channels_last layout."""
+    """train_fast.py's levers for a tuned GPU row (chapter 10): the data set kept on the GPU,
+    TF32, and the model compiled. The CNN's forward and backward are replayed as CUDA graphs
+    (--compile reduce-overhead): the H200's hand-written graph replay of the whole step
+    (results/gpu-runs/2026-11-30-h200/micro.txt) showed launches to be what it waits for.
+    ResNet-18, whose convolutions are large enough for tensor cores, also gets bf16 (fp16 on a
+    GPU without bf16) and channels_last, and is compiled without CUDA graphs (--compile
+    default): its BatchNorm buffers under DDP, which train_fast.py uses even on one GPU, make
+    torch.compile skip the graphs ("skipping cudagraphs due to mutated inputs",
+    pytorch/pytorch#139207, open). None of these choices has been timed on a GPU yet."""
     options = {"data_on_device": True, "compile": "reduce-overhead", "tf32": True}
     if model == "resnet18":
-        options.update(amp="bf16" if bf16 else "fp16", channels_last=True)
+        options.update(amp="bf16" if bf16 else "fp16", channels_last=True, compile="default")
     return options
 
 
@@ -177,6 +184,7 @@ def tuned_run(plain, model, runs_dir, cpu_best=None, bf16=True):
                                "bf16); on the CPU the cpu-tuned row tunes threads and batch")
         return run
     levers = tuned_gpu_options(model, bf16)
+    run.update(script="train_fast.py", torchrun=True)  # one rank, or the ddp row's N
     run["options"].update(levers)
     run["description"] = plain["description"] + ", tuned: " + ", ".join(
         f"{key}={value}" if value is not True else key for key, value in levers.items())

@@ -169,11 +169,15 @@ def require_gpus_for_data_parallel(device):
 
 
 def set_precision(tf32=False):
-    """TF32: on Ampere and newer GPUs, cuDNN runs float32 convolutions with 10-bit mantissas
-    by default. Off (the default here), float32 means float32 everywhere, and a DDP run
-    matches a single-process run as closely on a GPU as on a CPU; --tf32 trades that for speed."""
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
+    """TF32: on Ampere and newer GPUs, PyTorch runs float32 convolutions (cuDNN) with 10-bit
+    mantissas by default (torch.backends.cudnn.conv.fp32_precision is "tf32"), matrix products
+    in full float32. Off (the default here), float32 means float32 everywhere ("ieee"), and a
+    DDP run matches a single-process run as closely on a GPU as on a CPU; --tf32 trades that
+    for speed. Only the fp32_precision settings are used: PyTorch refuses to read a mix of
+    them and of the legacy allow_tf32 flags."""
+    precision = "tf32" if tf32 else "ieee"
+    torch.backends.cuda.matmul.fp32_precision = precision
+    torch.backends.cudnn.conv.fp32_precision = precision
 
 
 def set_cpu_threads(threads=None, processes_per_node=None):

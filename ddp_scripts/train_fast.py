@@ -1,0 +1,120 @@
+"""Train and test the CIFAR-10 CNN with DDP, with the levers that keep a GPU busy (chapter 10).
+
+    torchrun --standalone --nproc_per_node 1 ddp_scripts/train_fast.py --data-on-device --amp bf16 --out runs/fast
+
+One GPU is a world of one process (--nproc_per_node 1); several are the same script on N
+processes. This is train_ddp.py with the lines marked FAST added or changed: each lever is an
+option, off by default (then the run is train_ddp.py's, number for number), taken where it takes
+effect: the data set and its batches in the loader, the memory layout on the batches and the
+model, compiling at model build; the step carries only autocast and fp16's gradient scaler.
+`diff ddp_scripts/train_ddp.py ddp_scripts/train_fast.py` shows them; ddp_scripts/speed.py holds
+the loaders and the refusals.
+"""
+import time
+
+START = time.perf_counter()  # start-up (imports, data, model) is reported apart from training
+
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import os  # DDP: torchrun's variables
+import torch
+import torch.distributed as dist  # DDP
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP  # DDP
+from torch.utils.data.distributed import DistributedSampler  # DDP
+
+from ddp_scripts.common import (build_model, build_parser, check_args, check_batch_fits,
+                                evaluate, load_datasets, make_loader, pick_device,
+                                prepare_out_dir, reported_if_out_of_memory, resume_from, run_cli,
+                                run_context, save_epoch, say, set_cpu_threads, start_out_dir,
+                                synchronize, write_summary)
+from ddp_scripts.common import average_buffers, init_process_group, on_rank_0, reduce_sum, require_torchrun  # DDP
+from ddp_scripts.speed import (AMP_DTYPES, add_speed_options, check_levers, compiled,  # FAST
+                               lever_settings, memory_format, train_batches)
+
+
+def train_one_epoch(model, loader, optimizer, device, amp, scaler):  # FAST: --amp
+    """One pass over the training batches; returns (sum of losses, samples) on `device`.
+
+    The loss is added up on the device and read once per epoch: `.item()` in the loop
+    would make the CPU wait for the GPU at every step. `amp` and `scaler` are --amp's: the
+    dtype of autocast, and the gradient scaler (disabled unless fp16: then each call passes through).
+    """
+    model.train()
+    totals = torch.zeros(2, device=device, dtype=torch.float64)
+    for images, labels in loader:
+        pinned = loader.pin_memory  # FAST: --pin-memory: then the host need not wait for the copy
+        images, labels = images.to(device, non_blocking=pinned), labels.to(device, non_blocking=pinned)  # FAST
+        optimizer.zero_grad()
+        with reported_if_out_of_memory(len(labels), device):
+            with torch.autocast(device.type, dtype=AMP_DTYPES[amp], enabled=amp != "off"):  # FAST: --amp
+                loss = F.cross_entropy(model(images), labels)  # FAST: under autocast
+            # DDP: backward() also averages the gradients over the ranks, bucket by bucket
+            scaler.scale(loss).backward()  # FAST: --amp fp16: small gradients scaled above fp16's smallest
+        scaler.step(optimizer)  # FAST: unscaled; skipped if a gradient overflowed
+        scaler.update()  # FAST: the scale halves after an overflow, doubles after 2000 clean steps
+        totals[0] += loss.detach() * len(labels)
+        totals[1] += len(labels)
+    return totals
+
+
+def main():
+    args = add_speed_options(build_parser(__doc__.splitlines()[0])).parse_args()  # FAST: the levers' options
+    check_args(args)
+
+    # 1. Where to train: one process per GPU (or per share of the CPU cores), all in one group.
+    require_torchrun("train_fast.py")  # FAST: one GPU is a world of one
+    rank = int(os.environ["RANK"])  # DDP: who I am among all processes
+    world_size = int(os.environ["WORLD_SIZE"])  # DDP: how many processes in all
+    device = pick_device(args.device, int(os.environ["LOCAL_RANK"]))  # DDP: LOCAL_RANK, my GPU on this machine
+    if device.type == "cuda":  # DDP
+        torch.cuda.set_device(device)  # before the group, so that nccl uses this GPU
+    init_process_group(device, args.timeout_s)  # DDP: nccl on GPUs, gloo on CPUs
+    check_levers(args, device)  # FAST: a one-line error for what cannot work here
+    threads = set_cpu_threads(args.threads)
+    checkpoint = on_rank_0(prepare_out_dir, args)  # DDP: rank 0 reads OUT, every rank gets what it found
+    train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
+                                        args.test_samples, args.dtype)
+    check_batch_fits(args.batch_size, len(train_set))
+
+    # 2. The model goes to the device once, where it is built; the optimizer follows it.
+    model = build_model(args.model, args.seed, getattr(torch, args.dtype)).to(device)
+    model = model.to(memory_format=memory_format(args))  # FAST: --channels-last: the weights in NHWC, once
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    first_epoch = resume_from(checkpoint, model, optimizer, args.out)
+    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # DDP: after .to(device)
+    model = compiled(model, args.compile)  # FAST: --compile: at model build; model.module stays eager
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # FAST: --amp fp16 only: bf16 has float32's range
+    on_rank_0(start_out_dir, args, checkpoint)  # DDP: one process writes
+
+    # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
+    shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: 1/world_size each
+    train_loader = train_batches(train_set, args.batch_size, shuffle, args, device)  # FAST: --data-on-device, or --workers/--pin-memory; --augment, --channels-last there
+    test_loader = make_loader(test_set, args.batch_size, range(rank, len(test_set), world_size))  # DDP: each image once
+    context = run_context(args, device, "ddp", threads, train_set.source, world_size, **lever_settings(args))  # FAST: what took effect
+
+    # 4. Train and test, epoch after epoch; each batch goes to the device in train_one_epoch.
+    train_start = time.perf_counter()
+    for epoch in range(first_epoch, args.epochs + 1):
+        shuffle.set_epoch(epoch)  # DDP: without it, every epoch repeats the same shuffle
+        epoch_start = time.perf_counter()
+        train_totals = reduce_sum(train_one_epoch(model, train_loader, optimizer, device, args.amp, scaler))  # FAST: --amp
+        synchronize(device)  # GPU work is queued: wait for it before reading the clock
+        epoch_time = time.perf_counter() - epoch_start
+        average_buffers(model.module)  # DDP: BatchNorm statistics differ by the last step
+        test_totals = reduce_sum(evaluate(model.module, test_loader, device))  # DDP
+        if rank == 0:  # DDP: one process writes; every rank holds the same model
+            save_epoch(args, epoch, model.module, optimizer, train_totals, test_totals, epoch_time, context)
+        if epoch == args.stop_after_epoch:
+            say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
+            break
+    on_rank_0(write_summary, args.out, "ddp", device, START, train_start, args, world_size)  # DDP
+    dist.destroy_process_group()  # DDP: leave the group cleanly
+
+
+if __name__ == "__main__":
+    run_cli(main)
