@@ -102,3 +102,12 @@ def test_gather_facts_on_this_machine():
     assert facts["arch_list"] == torch.cuda.get_arch_list()
     assert facts["cuda"] == torch.version.cuda
     assert {status for status, _, _ in check(facts)} <= {"ok", "change", "not checked"}
+
+
+def test_strings_in_library_reads_whole_messages(tmp_path):
+    from notebooks.machine_check import strings_in_library
+    library = tmp_path / "libfake.so"
+    library.write_bytes(b"\x7fELF\0CUDA initialization: \0The driver is too old (found \0other\0")
+    assert strings_in_library(library, "initialization", "too old", "missing") == [
+        "CUDA initialization: ", "The driver is too old (found ",
+        "('missing' is not in libfake.so)"]
