@@ -1,5 +1,6 @@
-"""What train_fsdp.py needs beyond common.py: a model worth sharding, sharded checkpoints,
-the whole model gathered for one process, and what each rank holds.
+"""What train_fsdp.py needs beyond common.py: its options, a model worth sharding, each rank's
+shards made without the whole model, sharded checkpoints, the whole model gathered for one
+process, and what each rank holds.
 
     OUT/checkpoint.dcp/  the sharded checkpoint (torch.distributed.checkpoint): every rank
                          writes its own shards of the model and of the optimizer state, rank 0
@@ -13,7 +14,9 @@ the whole model gathered for one process, and what each rank holds.
 
 Everything that takes an FSDP model or its optimizer is a collective: every rank calls it.
 """
+import argparse
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -25,16 +28,43 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, get_state_dict,
-                                                     set_state_dict)
+                                                     set_model_state_dict, set_state_dict)
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from torch.distributed.tensor import DTensor
 
-from ddp_scripts.common import (UsageError, append_metrics, build_model, epoch_record,
-                                run_identity, say, start_out_dir, write_atomically)
+from ddp_scripts.common import (UsageError, append_metrics, build_model, build_parser,
+                                epoch_record, run_identity, say, start_out_dir, write_atomically)
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, logged_epochs
 
 MODELS = ["cnn", "resnet18", "mlp"]
 CHECKPOINT_INFO = "checkpoint.json"  # inside OUT/checkpoint.dcp, next to DCP's .metadata
+
+
+# ---------------------------------------------------------------------------------------
+# train_fsdp.py's options: common's, and what sharding adds
+# ---------------------------------------------------------------------------------------
+def fsdp_parser(description):
+    """common's options (build_parser), with --model and --resume replaced, and FSDP's own."""
+    p = argparse.ArgumentParser(description=description, conflict_handler="resolve",
+                                parents=[build_parser(description)])
+    p.add_argument("--model", choices=MODELS, default="cnn", help="mlp: a wide MLP worth sharding")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.dcp, on any number of ranks")
+    p.add_argument("--width", type=int, default=256, help="mlp: width of each block")
+    p.add_argument("--depth", type=int, default=4, help="mlp: number of blocks")
+    p.add_argument("--global-batch-size", type=int, default=None, help="split over the ranks (default: --batch-size each)")
+    p.add_argument("--no-reshard-after-forward", action="store_true", help="keep each block's gathered weights until backward")
+    p.add_argument("--mixed-precision", choices=["bfloat16"], default=None, help="compute in it, reduce in float32")
+    p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block's forward in backward")
+    p.add_argument("--cpu-offload", action="store_true", help="GPU runs: shards, gradients and optimizer step on the CPU")
+    return p
+
+
+def parse_args(description):
+    """train_fsdp.py's options; --global-batch-size becomes each rank's --batch-size, split over
+    torchrun's WORLD_SIZE (before the ranks meet: a split that cannot be is said at once)."""
+    args = fsdp_parser(description).parse_args()
+    args.batch_size = per_rank_batch(args, int(os.environ.get("WORLD_SIZE", "1")))
+    return args
 
 
 # ---------------------------------------------------------------------------------------
@@ -75,11 +105,17 @@ class WideMLP(nn.Module):
 
 
 def build_fsdp_model(args, dtype):
-    """common's models, or the wide MLP; the same seed gives the same weights on every rank."""
+    """common's models, or the wide MLP; the same seed gives the same weights on every rank.
+    With --activation-checkpointing each block recomputes its forward in backward."""
     if args.model != "mlp":
-        return build_model(args.model, args.seed, dtype)
-    torch.manual_seed(args.seed)
-    return WideMLP(args.width, args.depth).to(dtype)
+        model = build_model(args.model, args.seed, dtype)
+    else:
+        torch.manual_seed(args.seed)
+        model = WideMLP(args.width, args.depth).to(dtype)
+    if args.activation_checkpointing:
+        for block in blocks_of(model):
+            checkpoint_activations(block)
+    return model
 
 
 def blocks_of(model):
@@ -100,9 +136,12 @@ def checkpoint_activations(block):
                                                                       use_reentrant=False)
 
 
-def fsdp_policies(args, device):
-    """fully_shard's options, from the script's: when to free gathered weights, in which
-    precision to compute and to reduce, where the shards live."""
+def fsdp_policies(args, device, root=False):
+    """fully_shard's options, from the script's: whether a block frees its gathered weights
+    after forward (--no-reshard-after-forward keeps them until backward), in which precision
+    to compute and to reduce, where the shards live. With --mixed-precision the root's output, the logits, is cast back
+    to float32: MixedPrecisionPolicy casts parameters, it is not autocast, and without
+    output_dtype the loss would be computed in bfloat16."""
     if args.cpu_offload and device.type != "cuda":
         raise UsageError(f"--cpu-offload moves a GPU run's shards, gradients and optimizer step "
                          f"to the CPU; this run is on {device.type} already: leave it out")
@@ -112,9 +151,80 @@ def fsdp_policies(args, device):
     precision = MixedPrecisionPolicy()  # compute and reduce in the weights' own dtype
     if args.mixed_precision:
         precision = MixedPrecisionPolicy(param_dtype=getattr(torch, args.mixed_precision),
-                                         reduce_dtype=torch.float32)
-    return {"reshard_after_forward": not args.no_reshard_after_forward, "mp_policy": precision,
-            "offload_policy": CPUOffloadPolicy() if args.cpu_offload else OffloadPolicy()}
+                                         reduce_dtype=torch.float32,
+                                         output_dtype=torch.float32 if root else None)
+    policies = {"mp_policy": precision,
+                "offload_policy": CPUOffloadPolicy() if args.cpu_offload else OffloadPolicy()}
+    if not root:  # the root is left to PyTorch's default: kept whole from forward to backward
+        policies["reshard_after_forward"] = not args.no_reshard_after_forward
+    return policies
+
+
+# ---------------------------------------------------------------------------------------
+# Each rank's shards, made without the whole model
+# ---------------------------------------------------------------------------------------
+# Layers whose constructor draws their weights with the layer's own reset_parameters, in
+# order: Linear and Conv2d uniform (weight, then bias), LayerNorm ones and zeros.
+REPLAYABLE = (nn.Linear, nn.Conv2d, nn.LayerNorm)
+
+
+def shard_rows(param):
+    """The rows of the whole parameter that this rank's shard holds: FSDP2 cuts dim 0 as
+    torch.chunk does, ceil(rows / N) to each rank in rank order (the last ones get fewer)."""
+    rows, ranks = param.shape[0], param.device_mesh.size()
+    per_rank = -(-rows // ranks)
+    first = min(param.device_mesh.get_local_rank() * per_rank, rows)
+    return first, min(first + per_rank, rows), per_rank
+
+
+def replay_init(param, draw, generator):
+    """Fill this rank's shard with what `draw` gives the whole parameter, drawing it one
+    shard-sized piece at a time in row order, so that the random numbers come out in the
+    order the whole tensor would take them and no tensor larger than a shard is made."""
+    first, end, per_rank = shard_rows(param)
+    local = param.to_local()
+    for start in range(0, param.shape[0], per_rank):
+        piece = torch.empty((min(per_rank, param.shape[0] - start), *param.shape[1:]))
+        draw(piece, generator)  # float32, as the whole model is built, then cast below
+        if start == first and end > first:
+            local.copy_(piece)
+
+
+def init_layer_shards(layer, generator):
+    """What the layer's reset_parameters does to the whole tensors, done to the shards."""
+    if isinstance(layer, nn.LayerNorm):
+        layer.weight.to_local().fill_(1.0)
+        layer.bias.to_local().zero_()
+        return
+    replay_init(layer.weight, lambda t, g: nn.init.kaiming_uniform_(t, a=math.sqrt(5), generator=g),
+                generator)
+    if layer.bias is not None:
+        bound = 1 / math.sqrt(math.prod(layer.weight.shape[1:]))  # 1 / sqrt(fan_in), as reset_parameters does
+        replay_init(layer.bias, lambda t, g: t.uniform_(-bound, bound, generator=g), generator)
+
+
+def materialize_shards(model, device, args, dtype):
+    """After fully_shard on a model built on the meta device: allocate this rank's shards on
+    `device` (to_empty) and give them the values the whole model, built with --seed, would
+    have, so that every script starts from the same weights. FSDP2, unlike DDP, never
+    broadcasts rank 0's weights: every rank must compute the same ones.
+
+    The CNN's and the MLP's layers draw their weights in order (REPLAYABLE): each rank replays
+    the draws, shard-sized piece by piece, and keeps its own rows; the whole model never
+    exists. ResNet-18's do not (torchvision draws the convolutions a second time after
+    construction): rank 0 builds it in its host memory and set_model_state_dict sends each
+    rank its shards (broadcast_from_rank0), so that no GPU ever holds it whole."""
+    model.to_empty(device=device)
+    layers = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    with torch.no_grad():
+        if all(isinstance(m, REPLAYABLE) for m in layers) and not any(True for _ in model.buffers()):
+            generator = torch.Generator().manual_seed(args.seed)  # the stream build_model draws from
+            for layer in layers:
+                init_layer_shards(layer, generator)
+            return
+    whole = build_fsdp_model(args, dtype).state_dict() if dist.get_rank() == 0 else {}
+    set_model_state_dict(model, whole, options=StateDictOptions(full_state_dict=True,
+                                                                broadcast_from_rank0=True))
 
 
 # ---------------------------------------------------------------------------------------
@@ -246,13 +356,13 @@ def save_sharded(out, model, optimizer, epoch, args, global_batch_size):
 
 
 def save_sharded_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_time_s,
-                       context, global_batch_size):
+                       context):
     """Log the epoch (rank 0), save the sharded checkpoint that covers it (every rank), say so."""
     held = bytes_per_rank(model, optimizer, torch.device(context["device"]))
     record = epoch_record(epoch, train_totals, test_totals, epoch_time_s, **context, **held)
     if dist.get_rank() == 0:
         append_metrics(args.out, record)
-    save_sharded(args.out, model, optimizer, epoch, args, global_batch_size)
+    save_sharded(args.out, model, optimizer, epoch, args, context["global_batch_size"])
     if dist.get_rank() == 0:
         say(f"epoch {epoch}/{args.epochs} train_loss={record['train_loss']:.4f} "
             f"test_accuracy={record['test_accuracy']:.4f} samples/s={record['samples_per_s']:.0f}")
@@ -301,16 +411,21 @@ def local_bytes(tensor):
 
 def bytes_per_rank(model, optimizer, device):
     """The largest rank's bytes of parameters, gradients and optimizer state (a collective),
-    and on a GPU its peak allocated memory; what metrics.jsonl records for every epoch."""
+    and on a GPU its peaks since the run started: what the caching allocator handed out to
+    tensors (max_memory_allocated) and what it took from the GPU (max_memory_reserved, which
+    decides an out-of-memory error); what metrics.jsonl records for every epoch."""
     held = [sum(local_bytes(p) for p in model.parameters()),
             sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None),
             sum(local_bytes(value) for state in optimizer.state.values()
                 for value in state.values() if torch.is_tensor(value) and value.dim() > 0)]
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    largest = torch.tensor(held + [peak], dtype=torch.float64, device=device)
+    gpu = device.type == "cuda"
+    peaks = [torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)] \
+        if gpu else [0, 0]
+    largest = torch.tensor(held + peaks, dtype=torch.float64, device=device)
     dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-    params, grads, optimizer_bytes, peak = (int(x) for x in largest.tolist())
+    params, grads, optimizer_bytes, allocated, reserved = (int(x) for x in largest.tolist())
     return {"param_bytes_per_rank": params, "grad_bytes_per_rank": grads,
             "optimizer_bytes_per_rank": optimizer_bytes,
             "parameters": sum(p.numel() for p in model.parameters()),
-            "max_memory_allocated": peak if device.type == "cuda" else None}
+            "max_memory_allocated": allocated if gpu else None,
+            "max_memory_reserved": reserved if gpu else None}

@@ -14,16 +14,16 @@ from unittest import mock
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import SMALL, load_model_state, max_difference, run_in_process
 
 from ddp_scripts.launcher import free_port, run_script
 from ddp_scripts.mistakes.faults import processes_mentioning
 from ddp_scripts.runfiles import CHECKPOINT, SHARDED_CHECKPOINT, metrics_rows
-from helpers import SMALL, load_model_state, max_difference, run_in_process
 
 CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_time_s",
                  "samples_per_s", "world_size", "device", "backend", "strategy"}
 HELD_KEYS = {"param_bytes_per_rank", "grad_bytes_per_rank", "optimizer_bytes_per_rank",
-             "parameters", "max_memory_allocated"}
+             "parameters", "max_memory_allocated", "max_memory_reserved"}
 # float64, the CNN, a global batch of 32 however many ranks: every run below trains the same model.
 FLOAT64 = [*SMALL, "--dtype", "float64", "--device", "cpu", "--global-batch-size", "32"]
 OPTIONS = dict(dataset="synthetic", train_samples=512, test_samples=128, dtype="float64",
@@ -95,7 +95,7 @@ def test_metrics_checkpoints_and_what_each_rank_holds(two_ranks):
     whole = row["parameters"] * 8  # float64
     for key in ("param_bytes_per_rank", "grad_bytes_per_rank", "optimizer_bytes_per_rank"):
         assert whole / 2 <= row[key] < whole / 2 * 1.1, (key, row[key], whole)
-    assert row["max_memory_allocated"] is None  # a GPU's figure; this run is on the CPU
+    assert row["max_memory_allocated"] is None and row["max_memory_reserved"] is None  # GPU figures
     # The sharded checkpoint: one file of shards per rank, DCP's plan, and what it holds.
     folder = base / "two" / SHARDED_CHECKPOINT
     assert sorted(p.name for p in folder.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
@@ -247,7 +247,7 @@ def test_on_two_gpus_nccl_and_peak_memory(tmp_path):
                        device="cuda", timeout=300, progress=False)
     row = frame.iloc[-1]
     assert (row["backend"], row["device"]) == ("nccl", "cuda:0")
-    assert row["max_memory_allocated"] > row["param_bytes_per_rank"]
+    assert row["max_memory_reserved"] >= row["max_memory_allocated"] > row["param_bytes_per_rank"]
 
 
 @pytest.mark.gpu
@@ -257,3 +257,77 @@ def test_cpu_offload_on_a_gpu(tmp_path):
                        train_samples=256, test_samples=64, epochs=1, model="mlp",
                        cpu_offload=True, device="cuda", timeout=300, progress=False)
     assert frame.iloc[-1]["strategy"] == "fsdp"
+
+
+# ---------------------------------------------------------------------------------------
+# The whole model never exists on a rank
+# ---------------------------------------------------------------------------------------
+class LargestPlainTensor(torch.utils._python_dispatch.TorchDispatchMode):
+    """Notes the largest plain tensor (not meta, not a DTensor) any operation makes while
+    `recording` is on."""
+
+    def __init__(self):
+        super().__init__()
+        self.recording, self.largest = False, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.recording:
+            for tensor in torch.utils._pytree.tree_leaves(out):
+                if type(tensor) is torch.Tensor and tensor.device.type != "meta":
+                    self.largest = max(self.largest, tensor.numel())
+        return out
+
+
+class SetUpDone(Exception):
+    pass
+
+
+def test_train_fsdp_never_makes_a_tensor_of_the_whole_model_size(tmp_path):
+    """train_fsdp.py's set-up as rank 0 of 2 (a fake process group: the collectives do
+    nothing), from building the model to the optimizer: no tensor as large as the model's
+    largest weight is ever made, and the shards hold that weight's rows. build_model, as
+    the other scripts call it, makes it whole (the recorder sees it)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import ddp_scripts.train_fsdp as script
+    from ddp_scripts import sharding
+    from ddp_scripts.common import build_model
+    recorder = LargestPlainTensor()
+    built, made = sharding.build_fsdp_model, sharding.materialize_shards
+    seen = {}
+
+    def build(*args, **kwargs):
+        recorder.recording = True
+        return built(*args, **kwargs)
+
+    def materialize(model, *args):
+        made(model, *args)
+        seen["shard"] = model.stem.weight.to_local().clone()
+        raise SetUpDone  # the optimizer and training are train_ddp.py's, tested elsewhere
+
+    def fake_group(device, timeout_s):
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+
+    argv = ["train_fsdp.py", *SMALL, "--model", "mlp", "--width", "64", "--depth", "2",
+            "--device", "cpu", "--seed", "5", "--out", str(tmp_path / "run")]
+    env = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    with mock.patch.dict(os.environ, env), mock.patch("sys.argv", argv), \
+            mock.patch.object(sharding, "build_fsdp_model", build), \
+            mock.patch.object(sharding, "materialize_shards", materialize), \
+            mock.patch.object(script, "init_process_group", fake_group), recorder:
+        try:
+            with pytest.raises(SetUpDone):
+                script.main()
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    torch.manual_seed(5)
+    whole = sharding.WideMLP(64, 2)
+    largest_weight = max(p.numel() for p in whole.parameters())  # the stem's, 64 x 3072
+    assert 0 < recorder.largest <= largest_weight / 2, (recorder.largest, largest_weight)
+    assert torch.equal(seen["shard"], whole.stem.weight.detach()[:32])  # rank 0: the first half
+    with recorder:
+        recorder.largest = 0
+        build_model("cnn")
+    assert recorder.largest == max(p.numel() for p in build_model("cnn").parameters())
