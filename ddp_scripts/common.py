@@ -6,6 +6,7 @@ talks to other ranks is in the section "Between ranks" at the end; the rest work
 in one process and in many.
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -342,7 +343,7 @@ def load_datasets(dataset="cifar10", data_dir="data", train_samples=None, test_s
         train, test = synthetic_cifar(train_samples or 50_000, test_samples or 10_000)
         source = "synthetic"
     agree_on_data_source(source, data_dir)
-    if reason is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:  # once per node
+    if reason is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:  # once per node (every worker, under --virtual-local-rank)
         say(f"CIFAR-10 could not be loaded from {data_dir!r} ({reason}); "
             "using the synthetic CIFAR-shaped data set instead")
     (x_train, y_train), (x_test, y_test) = train, test
@@ -356,19 +357,38 @@ def load_datasets(dataset="cifar10", data_dir="data", train_samples=None, test_s
 
 
 def _cifar10_downloaded_once(data_dir):
-    """Rank 0 downloads first, alone. Then the first process of each other node downloads
-    only if its disk lacks the files (nodes without a shared file system); with a shared
-    one it finds them whole and fetches nothing. Then every rank reads them."""
+    """Rank 0 downloads first, alone. Then every other rank whose disk lacks the files (a
+    node without a shared file system) downloads them, one process at a time per disk (a
+    lock file in data_dir), and the others on that disk find them whole and fetch nothing.
+    The lock, not LOCAL_RANK, decides: under torchrun --virtual-local-rank every worker's
+    LOCAL_RANK is 0. Then every rank reads them."""
     if dist.is_initialized():
-        rank, first_on_node = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")) == 0
-        for my_turn in (rank == 0, rank != 0 and first_on_node):
+        for my_turn in (dist.get_rank() == 0, dist.get_rank() != 0):
             if my_turn:
-                try:
-                    cifar10_tensors(data_dir, download=True)
-                except Exception:  # reported below, when reading the files fails too
-                    pass
+                with _one_process_at_a_time(Path(data_dir) / ".download.lock"):
+                    try:
+                        cifar10_tensors(data_dir, download=True)  # verifies files it finds
+                    except Exception:  # reported below, when reading the files fails too
+                        pass
             barrier()
     return cifar10_tensors(data_dir, download=not dist.is_initialized())
+
+
+@contextlib.contextmanager
+def _one_process_at_a_time(lock_path):
+    """An exclusive lock on a file (POSIX flock); where there is none, no lock."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock
+        yield
+        return
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def check_batch_fits(batch_size, train_samples, world_size=None):
@@ -426,7 +446,7 @@ def evaluate(model, loader, device):
 
 def run_context(args, device, strategy, threads, data_source, world_size=1, gpus=None, **levers):
     """What every line of metrics.jsonl records about how the run was made; `levers`: the
-    options of chapter 10 (ddp_scripts/speed.py, Levers.record)."""
+    options of chapter 10 (train_fast.py, speed.lever_settings)."""
     if gpus is None:
         gpus = world_size if device.type == "cuda" else 0
     return {"world_size": world_size, "device": str(device),

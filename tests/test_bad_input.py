@@ -147,3 +147,18 @@ def test_ddp_bad_input_is_one_line_per_rank_and_the_launcher_names_the_rank(tmp_
     assert error.rank in (0, 1) and error.exit_code == 2
     assert "--batch-size must be at least 1" in str(error)
     assert f"rank {error.rank} failed with exit code 2" in str(error)
+
+
+def test_cifar10_downloads_take_turns_on_one_disk(tmp_path):
+    """The download lock holds against any other process's attempt while it is taken, and
+    is free again after: LOCAL_RANK cannot tell who is first under --virtual-local-rank."""
+    import fcntl  # POSIX, as every machine the tests run on
+
+    from ddp_scripts import common
+    lock = tmp_path / "data" / ".download.lock"
+    with common._one_process_at_a_time(lock):
+        with open(lock) as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(lock) as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
