@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_scripts.practice.group import gather, main
 
@@ -31,6 +32,26 @@ def synced_batch_norm(x):
     mean = total / count
     var = squares / count - mean ** 2                # the biased variance, as BatchNorm uses
     return (x - mean) / torch.sqrt(var + EPS), mean
+
+
+def running_means_under_ddp(everything, rank, world_size):
+    """Per-rank BatchNorm under DDP: are the running means the same on every rank after
+    training, and after one more forward through DDP in evaluation mode?"""
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(FEATURES, FEATURES), nn.BatchNorm1d(FEATURES)).double())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):   # broadcast_buffers=True: rank 0's buffers before every forward
+        optimizer.zero_grad()
+        model(everything[rank::world_size] + step).pow(2).mean().backward()
+        optimizer.step()
+    after_training = gather(model.module[1].running_mean.tolist())
+    model.eval()
+    with torch.no_grad():
+        model(everything[rank::world_size])   # broadcasts rank 0's, and updates nothing
+    after_an_eval_forward = gather(model.module[1].running_mean.tolist())
+    return {"equal_after_training": all(m == after_training[0] for m in after_training),
+            "equal_after_an_eval_forward_through_ddp":
+                all(m == after_an_eval_forward[0] for m in after_an_eval_forward)}
 
 
 def demo(out):
@@ -58,6 +79,7 @@ def demo(out):
         "per_rank_vs_one_process": max(gather((per_rank_output - whole).abs().max().item())),
         "synced_vs_one_process": max(gather((synced_output - whole).abs().max().item())),
         "sync_batchnorm_on_cpu": sync_on_cpu,
+        "ddp_running_means": running_means_under_ddp(everything, rank, world_size),
     }
 
 

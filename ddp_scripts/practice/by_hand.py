@@ -1,7 +1,8 @@
 """Data parallelism by hand: a model per process, gradients averaged with all_reduce.
 
 Then the same training with DistributedDataParallel: in float64 the two end with the same
-parameters, to rounding. What DDP adds is counted: how many all-reduces each needs per step.
+parameters, to rounding. What DDP adds is counted: how many all-reduces each needs per step, with DDP's default
+buckets and with tiny ones.
 
     torchrun --nproc-per-node 2 ddp_scripts/practice/by_hand.py --out runs/practice
 """
@@ -70,18 +71,20 @@ def counting_hook(counter, bucket):
     return allreduce_hook(None, bucket)
 
 
-def train_with_ddp(model, batches, bucket_cap_mb=25):
-    """The same training with DDP; the all-reduces of the last step, counted."""
+def train_with_ddp(model, batches, bucket_cap_mb=None):
+    """The same training with DDP; the all-reduces of the first and of the last step."""
     counter = {"all_reduces": 0, "numbers": 0}
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)    # broadcasts rank 0's weights itself
     ddp.register_comm_hook(counter, counting_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
-    for x, y in batches:
-        counter.update(all_reduces=0, numbers=0)   # count one step (DDP sorts its buckets
-        optimizer.zero_grad()                      # again after the first)
+    for step, (x, y) in enumerate(batches):
+        counter.update(all_reduces=0, numbers=0)   # count one step
+        optimizer.zero_grad()
         F.mse_loss(ddp(x), y).backward()           # averages the gradients during backward
         optimizer.step()
-    return counter
+        if step == 0:                              # the first step: one bucket for all;
+            first_step = counter["all_reduces"]    # DDP builds its buckets after it
+    return {**counter, "first_step": first_step}
 
 
 def demo(out):
@@ -109,6 +112,7 @@ def demo(out):
         "all_reduces_per_step_by_hand": hand_calls // STEPS,
         "all_reduces_per_step_ddp": ddp_counts["all_reduces"],
         "all_reduces_per_step_ddp_small_buckets": small_counts["all_reduces"],
+        "all_reduces_first_step_ddp_small_buckets": small_counts["first_step"],
         "numbers_per_step_ddp": ddp_counts["numbers"],
         "numbers_per_step_ddp_small_buckets": small_counts["numbers"],
         "checkpoint_read_after_barrier_matches": all(gather(same_as_saved)),

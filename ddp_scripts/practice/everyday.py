@@ -3,8 +3,9 @@
     torchrun --nproc-per-node 2 ddp_scripts/practice/everyday.py --out runs/practice
     torchrun --nproc-per-node 2 ddp_scripts/practice/everyday.py --out runs/p by_hand seeding
 
-Writes OUT/NAME.json for each demonstration. Each also runs alone: by_hand.py,
-accumulation.py, batchnorm.py, unused_parameters.py, seeding.py, uneven_inputs.py.
+Writes OUT/NAME.json for each demonstration. Each also runs alone: by_hand.py, buckets.py,
+accumulation.py, batchnorm.py, unused_parameters.py, seeding.py, compression.py, zero.py,
+uneven_inputs.py.
 """
 import sys
 from pathlib import Path
@@ -12,13 +13,13 @@ from pathlib import Path
 if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from ddp_scripts.practice import (accumulation, batchnorm, by_hand, seeding, unused_parameters,
-                                  uneven_inputs)
+from ddp_scripts.practice import (accumulation, batchnorm, buckets, by_hand, compression,
+                                  seeding, unused_parameters, uneven_inputs, zero)
 from ddp_scripts.practice.group import main
 
-DEMOS = {"by_hand": by_hand.demo, "accumulation": accumulation.demo,
+DEMOS = {"by_hand": by_hand.demo, "buckets": buckets.demo, "accumulation": accumulation.demo,
          "batchnorm": batchnorm.demo, "unused_parameters": unused_parameters.demo,
-         "seeding": seeding.demo,
+         "seeding": seeding.demo, "compression": compression.demo, "zero": zero.demo,
          "uneven_inputs": uneven_inputs.demo}  # last: its first part breaks a group on purpose
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 Imported as `ddp_scripts.practice.group` by the programs beside it (after their bootstrap).
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -31,6 +32,26 @@ def gather(value):
 def largest_difference(first, second):
     """The largest absolute difference between two lists of tensors (0.0 when equal)."""
     return max((a - b).abs().max().item() for a, b in zip(first, second))
+
+
+@contextlib.contextmanager
+def counting_all_reduces():
+    """Count the all_reduce calls made through torch.distributed in the block, and their bytes.
+
+    DDP's own gradient buckets go from C++ straight to the process group and are not seen;
+    what is counted is what Python code calls: Join's flags, a comm hook's all-reduces."""
+    calls = []
+    original = dist.all_reduce
+
+    def counted(tensor, *args, **kwargs):
+        calls.append(tensor.numel() * tensor.element_size())
+        return original(tensor, *args, **kwargs)
+
+    dist.all_reduce = counted
+    try:
+        yield calls
+    finally:
+        dist.all_reduce = original
 
 
 def write_result(out, name, result):

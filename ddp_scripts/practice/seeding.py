@@ -1,7 +1,11 @@
-"""Per-rank seeding of data augmentation: the same seed on every rank is the bug.
+"""Per-rank seeding of data augmentation: the same seed on every rank is the bug; and the
+model's initial weights, where a seed per rank is the bug under FSDP.
 
 Each rank draws random crop offsets and flips for its next four images. Seeded with the same
 number everywhere, every rank draws the same ones; seeded with seed + rank, each its own.
+Then each rank builds a layer with seed + rank and shards it with FSDP2's fully_shard, which
+keeps each rank's own slice of its own weights: the layer is stitched from two
+initialisations. DDP would have broadcast rank 0's.
 
     torchrun --nproc-per-node 2 ddp_scripts/practice/seeding.py --out runs/practice
 """
@@ -13,6 +17,9 @@ if not __package__:  # run as a file, not imported: find ddp_scripts as notebook
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 from ddp_scripts.practice.group import gather, main
 
@@ -27,6 +34,21 @@ def augmentations(generator):
             for (dx, dy), flip in zip(offsets.tolist(), flips.tolist())]
 
 
+def stitched_by_fsdp(rank, world_size):
+    """A layer initialised with seed + rank on each rank, then sharded: whose rows is it?"""
+    torch.manual_seed(SEED + rank)                  # the mistake, for weights
+    layer = nn.Linear(2, 2 * world_size, bias=False)
+    mine = gather(layer.weight.detach().clone())    # each rank's own initialisation
+    fully_shard(layer, mesh=init_device_mesh("cpu", (world_size,)))
+    whole = layer.weight.full_tensor().detach()     # the model FSDP trains
+    rows = len(whole) // world_size                 # rank r holds rows r*rows ... on dim 0
+    return {"row_from_rank": [next((r for r in range(world_size)
+                                    if torch.equal(whole[i], mine[r][i])), None)
+                              for i in range(len(whole))],
+            "equal_to_rank_0s_init": torch.equal(whole, mine[0]),
+            "rows_per_rank": rows}
+
+
 def demo(out):
     rank = dist.get_rank()
     same_seed = torch.Generator().manual_seed(SEED)            # the bug: one seed for all
@@ -34,7 +56,8 @@ def demo(out):
     bug, fix = gather(augmentations(same_seed)), gather(augmentations(own_seed))
     return {"seed": SEED, "images": IMAGES,
             "same_seed": bug, "same_seed_identical": all(b == bug[0] for b in bug),
-            "seed_plus_rank": fix, "seed_plus_rank_identical": all(f == fix[0] for f in fix)}
+            "seed_plus_rank": fix, "seed_plus_rank_identical": all(f == fix[0] for f in fix),
+            "fsdp_weights_seeded_per_rank": stitched_by_fsdp(rank, dist.get_world_size())}
 
 
 if __name__ == "__main__":

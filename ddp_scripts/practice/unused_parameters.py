@@ -58,17 +58,26 @@ def timed_steps(models, batches):
     return times
 
 
-def demo(out):
-    batches = my_batches(dist.get_rank(), dist.get_world_size())
-    # 1. Plain DDP: the first step passes, the second refuses to start.
-    model = DDP(TwoHeads())
-    steps_done, error = 0, None
+def two_steps(model, batches):
+    """(steps done, the error's text or None): the second step of plain DDP refuses."""
+    steps_done = 0
     try:
         for x, y in batches[:2]:
             F.mse_loss(model(x.float()), y.float()).backward()
             steps_done += 1
     except RuntimeError as raised:
-        error = str(raised)
+        return steps_done, str(raised)
+    return steps_done, None
+
+
+def demo(out):
+    batches = my_batches(dist.get_rank(), dist.get_world_size())
+    # 1. Plain DDP: the first step passes, the second refuses to start.
+    steps_done, error = two_steps(DDP(TwoHeads()), batches)
+    # The same in a world of one process (each rank in a group of its own): one GPU is no
+    # escape, DDP's reducer is the same.
+    alone, _ = dist.new_subgroups(group_size=1)
+    _, error_alone = two_steps(DDP(TwoHeads(), process_group=alone), batches)
     # 2. The two fixes, and a model without the spare head for comparison; each timed.
     runs = {"no spare head, plain DDP": DDP(TwoHeads(with_spare_head=False)),
             "find_unused_parameters=True": DDP(TwoHeads(), find_unused_parameters=True),
@@ -81,6 +90,7 @@ def demo(out):
         "steps_before_the_error": steps_done,
         "error_on_every_rank": all(e is not None for e in gather(error)),
         "error": error,
+        "error_in_a_world_of_one": error_alone,
         "spare_head_grad_is_none": fixed.spare_head.weight.grad is None,
         "median_step_us": {name: max(gather(value)) for name, value in medians.items()},
         "timed_steps": len(timed) - 5,
