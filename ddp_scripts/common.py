@@ -606,10 +606,11 @@ def backend_for(device):
 
 
 def require_torchrun(script):
-    """The DDP scripts learn their rank from torchrun's variables: say so if they are missing."""
+    """The DDP scripts learn their rank from torchrun's variables: say so if they are missing.
+    `script`: the script's name or path (its __file__)."""
     if "LOCAL_RANK" not in os.environ:
         raise UsageError("LOCAL_RANK is not set: start this script with torchrun, e.g. "
-                         f"torchrun --standalone --nproc_per_node 2 ddp_scripts/{script} ...")
+                         f"torchrun --standalone --nproc_per_node 2 ddp_scripts/{Path(script).name} ...")
 
 
 def init_process_group(device, timeout_s):

@@ -57,7 +57,7 @@ def main():
     check_args(args)
 
     # 1. Where to train: one process per GPU (or per share of the CPU cores), all in one group.
-    require_torchrun("train_ddp.py")  # DDP: torchrun tells each process who it is
+    require_torchrun(__file__)  # DDP: torchrun tells each process who it is
     rank = int(os.environ["RANK"])  # DDP: who I am among all processes
     world_size = int(os.environ["WORLD_SIZE"])  # DDP: how many processes in all
     device = pick_device(args.device, int(os.environ["LOCAL_RANK"]))  # DDP: LOCAL_RANK, my GPU on this machine
