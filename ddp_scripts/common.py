@@ -436,7 +436,7 @@ def evaluate(model, loader, device):
     model.eval()
     totals = torch.zeros(3, device=device, dtype=torch.float64)
     for images, labels in loader:
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        images, labels = images.to(device), labels.to(device)
         outputs = model(images)
         totals[0] += F.cross_entropy(outputs, labels, reduction="sum")
         totals[1] += (outputs.argmax(1) == labels).sum()
@@ -490,14 +490,14 @@ def resume_from(checkpoint, model, optimizer, out):
     return checkpoint["epoch"] + 1
 
 
-def write_summary(out, strategy, device, start, train_start, args, world_size=1, **levers):
-    """OUT/run.json, once the run has finished: times, hardware, options. `levers`: chapter
-    9's options as they took effect, and compile_s (part of startup_s)."""
+def write_summary(out, strategy, device, start, train_start, args, world_size=1, **extra):
+    """OUT/run.json, once the run has finished: times, hardware, options; `extra`: more keys
+    to record."""
     end = time.perf_counter()  # the clock the scripts' START was read from
     summary = {"strategy": strategy, "world_size": world_size,
                "startup_s": train_start - start, "train_s": end - train_start,
                "total_s": end - start, "hardware": describe_hardware(device), "args": vars(args),
-               **levers}
+               **extra}
     write_atomically(Path(out) / SUMMARY, lambda f: f.write(json.dumps(summary, indent=1)),
                      mode="w")
 

@@ -2,6 +2,7 @@
 import contextlib
 import io
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -10,7 +11,9 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+import torch.distributed as dist
 
+from ddp_scripts.launcher import free_port
 from ddp_scripts.runfiles import CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,3 +88,28 @@ def max_difference(a, b):
     if isinstance(a, torch.Tensor):
         return (a.double() - b.double()).abs().max().item()
     return 0.0 if a == b else float("inf")
+
+
+def run_one_rank(script, *args):
+    """A DDP script (train_ddp, train_fast, train_fsdp) as `torchrun --nproc-per-node 1` would
+    run it, inside this process; returns what run_in_process returns."""
+    env = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    with mock.patch.dict(os.environ, env):
+        try:
+            return run_in_process(script, *args)
+        finally:
+            if dist.is_initialized():  # a run that failed after joining: leave its group
+                dist.destroy_process_group()
+
+
+def assert_one_line_error(result, *fragments):
+    """Exit status 2 and one line on stderr, `error: ...` (after torchrun's `[rankN]:`, if it
+    ran under torchrun) holding every fragment; no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, result.stderr
+    assert re.match(r"(\[rank ?\d+\]:? *)?error: ", errors[0]), errors[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]

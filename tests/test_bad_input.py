@@ -8,17 +8,7 @@ import pytest
 import torch
 
 from ddp_scripts.launcher import LaunchError, run_script
-from helpers import SMALL, run_in_process, run_python
-
-
-def assert_one_line_error(result, *fragments):
-    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
-    errors = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1, result.stderr
-    assert errors[0].startswith("error: ")
-    assert "Traceback" not in result.stderr + result.stdout
-    for fragment in fragments:
-        assert fragment in errors[0]
+from helpers import SMALL, assert_one_line_error, run_in_process, run_python
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")

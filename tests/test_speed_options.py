@@ -9,21 +9,17 @@ is marked `gpu` and skipped here.
 """
 import argparse
 import json
-import os
-from unittest import mock
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ddp_scripts.common import UsageError, build_model, synthetic_cifar
-from ddp_scripts.launcher import free_port
 from ddp_scripts.runfiles import SUMMARY, metrics_rows
 from ddp_scripts.speed import (AMP_DTYPES, DeviceBatches, RandomCropFlip, add_speed_options,
                                check_levers, train_batches)
-from helpers import load_model_state, max_difference, run_in_process
+from helpers import load_model_state, max_difference, run_in_process, run_one_rank
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none is visible here)")
@@ -33,18 +29,6 @@ RUN = ["--dataset", "synthetic", "--train-samples", "512", "--test-samples", "12
 LEVER_KEYS = {"data_on_device", "workers", "pin_memory", "augment", "amp", "channels_last",
               "compile"}
 shares_runs = pytest.mark.xdist_group("speed_option_runs")
-
-
-def run_one_rank(script, *args):
-    """A DDP script as `torchrun --nproc-per-node 1` would run it, inside this process."""
-    env = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    with mock.patch.dict(os.environ, env):
-        try:
-            return run_in_process(script, *args)
-        finally:
-            if dist.is_initialized():  # a run that failed after joining: leave its group
-                dist.destroy_process_group()
 
 
 def run_fast(*args):

@@ -181,9 +181,9 @@ def test_nothing_parses_torchruns_printed_summary():
 def test_tf32_is_off_unless_asked_and_recorded(tmp_path):
     args = [*SMALL, "--epochs", "1", "--device", "cpu"]
     assert run_in_process("train_single.py", *args, "--out", tmp_path / "off").returncode == 0
-    assert torch.backends.cudnn.allow_tf32 is False
+    assert torch.backends.cudnn.conv.fp32_precision == torch.backends.cuda.matmul.fp32_precision == "ieee"
     assert run_in_process("train_single.py", *args, "--tf32", "--out", tmp_path / "on").returncode == 0
-    assert torch.backends.cudnn.allow_tf32 is True and torch.backends.cuda.matmul.allow_tf32
+    assert torch.backends.cudnn.conv.fp32_precision == torch.backends.cuda.matmul.fp32_precision == "tf32"
     assert [read_metrics(tmp_path / name)[0]["tf32"] for name in ("off", "on")] == [False, True]
     from ddp_scripts.common import set_precision
     set_precision(False)
