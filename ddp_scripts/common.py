@@ -343,7 +343,8 @@ def load_datasets(dataset="cifar10", data_dir="data", train_samples=None, test_s
         train, test = synthetic_cifar(train_samples or 50_000, test_samples or 10_000)
         source = "synthetic"
     agree_on_data_source(source, data_dir)
-    if reason is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:  # once per node (every worker, under --virtual-local-rank)
+    # once per node (by every worker under torchrun --virtual-local-rank, where all are 0)
+    if reason is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:
         say(f"CIFAR-10 could not be loaded from {data_dir!r} ({reason}); "
             "using the synthetic CIFAR-shaped data set instead")
     (x_train, y_train), (x_test, y_test) = train, test

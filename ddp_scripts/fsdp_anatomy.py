@@ -72,7 +72,7 @@ def note_collectives():
                        ("reduce_scatter_tensor", "reduce-scatter"),
                        ("reduce_scatter_single", "reduce-scatter")]:
         if hasattr(dist, name):
-            def noted(*args, collective=getattr(dist, name), kind=kind, **kwargs):
+            def noted(*args, collective=getattr(dist, name), kind=kind, **kwargs):  # noqa: B008 - bound now, per name
                 tensor = whole_tensor(kind, args, kwargs)
                 sent.append({"kind": kind, "phase": phase[0],
                              "bytes": tensor.numel() * tensor.element_size()})

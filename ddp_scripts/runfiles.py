@@ -44,7 +44,7 @@ def metrics_rows(out, strict=False):
             row["epoch"]
         except (ValueError, KeyError, TypeError):
             if strict:
-                raise ValueError(f"{Path(out) / METRICS}: not a whole metrics line: {line!r}")
+                raise ValueError(f"{Path(out) / METRICS}: not a whole metrics line: {line!r}") from None
             continue
         rows.append(row)
     return rows

@@ -51,11 +51,14 @@ def fsdp_parser(description):
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.dcp, on any number of ranks")
     p.add_argument("--width", type=int, default=256, help="mlp: width of each block")
     p.add_argument("--depth", type=int, default=4, help="mlp: number of blocks")
-    p.add_argument("--global-batch-size", type=int, default=None, help="split over the ranks (default: --batch-size each)")
-    p.add_argument("--no-reshard-after-forward", action="store_true", help="keep each block's gathered weights until backward")
+    p.add_argument("--global-batch-size", type=int, default=None,
+                   help="split over the ranks (default: --batch-size each)")
+    p.add_argument("--no-reshard-after-forward", action="store_true",
+                   help="keep each block's gathered weights until backward")
     p.add_argument("--mixed-precision", choices=["bfloat16"], default=None, help="compute in it, reduce in float32")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block's forward in backward")
-    p.add_argument("--cpu-offload", action="store_true", help="GPU runs: shards, gradients and optimizer step on the CPU")
+    p.add_argument("--cpu-offload", action="store_true",
+                   help="GPU runs: shards, gradients and optimizer step on the CPU")
     return p
 
 

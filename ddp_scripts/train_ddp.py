@@ -78,7 +78,7 @@ def main():
     on_rank_0(start_out_dir, args, checkpoint)  # DDP: one process writes
 
     # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
-    shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: 1/world_size each
+    shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: a share each
     train_loader = make_loader(train_set, args.batch_size, shuffle)
     test_loader = make_loader(test_set, args.batch_size, range(rank, len(test_set), world_size))  # DDP: each image once
     context = run_context(args, device, "ddp", threads, train_set.source, world_size)  # DDP

@@ -88,21 +88,24 @@ def main():
     first_epoch = resume_from(checkpoint, model, optimizer, args.out)
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # DDP: after .to(device)
     model = compiled(model, args.compile)  # FAST: --compile: at model build; model.module stays eager
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # FAST: --amp fp16 only: bf16 has float32's range
+    # FAST: --amp fp16 only: bf16 has float32's range and needs no scaler
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # FAST
     on_rank_0(start_out_dir, args, checkpoint)  # DDP: one process writes
 
     # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
-    shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: 1/world_size each
-    train_loader = train_batches(train_set, args.batch_size, shuffle, args, device)  # FAST: --data-on-device, or --workers/--pin-memory; --augment, --channels-last there
+    shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: a share each
+    # FAST: batches cut on the GPU (--data-on-device) or made by --workers into --pin-memory;
+    # --augment and --channels-last applied there, where the batches are made
+    train_loader = train_batches(train_set, args.batch_size, shuffle, args, device)  # FAST
     test_loader = make_loader(test_set, args.batch_size, range(rank, len(test_set), world_size))  # DDP: each image once
-    context = run_context(args, device, "ddp", threads, train_set.source, world_size, **lever_settings(args))  # FAST: what took effect
+    context = run_context(args, device, "ddp", threads, train_set.source, world_size, **lever_settings(args))  # FAST
 
     # 4. Train and test, epoch after epoch; each batch goes to the device in train_one_epoch.
     train_start = time.perf_counter()
     for epoch in range(first_epoch, args.epochs + 1):
         shuffle.set_epoch(epoch)  # DDP: without it, every epoch repeats the same shuffle
         epoch_start = time.perf_counter()
-        train_totals = reduce_sum(train_one_epoch(model, train_loader, optimizer, device, args.amp, scaler))  # FAST: --amp
+        train_totals = reduce_sum(train_one_epoch(model, train_loader, optimizer, device, args.amp, scaler))  # FAST
         synchronize(device)  # GPU work is queued: wait for it before reading the clock
         epoch_time = time.perf_counter() - epoch_start
         average_buffers(model.module)  # DDP: BatchNorm statistics differ by the last step

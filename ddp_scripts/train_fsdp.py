@@ -74,7 +74,8 @@ def main():
         torch.cuda.set_device(device)  # before the group, so that nccl uses this GPU
     init_process_group(device, args.timeout_s)  # DDP: nccl on GPUs, gloo on CPUs
     threads = set_cpu_threads(args.threads)
-    checkpoint = on_rank_0(sharding.prepare_sharded_out_dir, args, args.batch_size * world_size)  # FSDP: the sharded checkpoint
+    # FSDP: the sharded checkpoint, found by rank 0 and told to every rank
+    checkpoint = on_rank_0(sharding.prepare_sharded_out_dir, args, args.batch_size * world_size)  # FSDP
     train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
                                         args.test_samples, args.dtype)
     check_batch_fits(args.batch_size, len(train_set))
@@ -95,7 +96,7 @@ def main():
     on_rank_0(sharding.start_sharded_out_dir, args, checkpoint)  # FSDP
 
     # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
-    shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: 1/world_size each
+    shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: a share each
     train_loader = make_loader(train_set, args.batch_size, shuffle)
     test_loader = make_loader(test_set, args.batch_size, range(rank, len(test_set), world_size))  # DDP: each image once
     context = run_context(args, device, "fsdp", threads, train_set.source, world_size)  # FSDP
@@ -111,7 +112,8 @@ def main():
         average_buffers(model)  # FSDP: no .module: fully_shard changes the model's class in place
         test_totals = reduce_sum(evaluate(model, test_loader, device))  # FSDP: every rank runs each forward
         # FSDP: every rank saves its shards; rank 0 logs the epoch
-        sharding.save_sharded_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_time, context)  # FSDP
+        sharding.save_sharded_epoch(args, epoch, model, optimizer,  # FSDP
+                                    train_totals, test_totals, epoch_time, context)
         if epoch == args.stop_after_epoch:
             say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
             break

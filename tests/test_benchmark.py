@@ -11,7 +11,7 @@ from ddp_scripts.common import UsageError
 from ddp_scripts.hardware import (_first_line, hardware_label, parse_topology,
                                   visible_gpu_indices)
 from ddp_scripts.runfiles import SUMMARY
-from helpers import ROOT, SCRIPTS
+from helpers import SCRIPTS
 
 NO_GPU = not torch.cuda.is_available()
 

@@ -4,7 +4,6 @@ build is needed."""
 import copy
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 

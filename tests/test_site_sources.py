@@ -456,3 +456,10 @@ def test_a_solution_closed_early_by_its_own_code_fence_is_found():
     assert "closed early" in fence_problems(early)[0]
     assert fence_problems(early.replace("```{solution}", "````{solution}", 1)
                           .rstrip("\n").rsplit("\n", 1)[0] + "\n````\n") == []
+
+
+def test_the_code_passes_the_linter():
+    """ruff, with the settings of pyproject.toml, over the scripts, tools, tests and notebooks."""
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-1000:]

@@ -47,7 +47,6 @@ import subprocess
 import sys
 import tarfile
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -79,7 +79,8 @@ def bare_loop_in_a_new_process(samples, batch_size, threads, epochs, wrap_in_ddp
 
 def script_samples_per_s(script, samples, batch_size, threads, epochs, work):
     out = Path(tempfile.mkdtemp(dir=work))
-    frame = run_script(script, nproc=1 if script == "train_ddp.py" else None, out=out, dataset="synthetic", train_samples=samples,
+    frame = run_script(script, nproc=1 if script == "train_ddp.py" else None, out=out, dataset="synthetic",
+                       train_samples=samples,
                        test_samples=16, epochs=epochs, batch_size=batch_size, threads=threads,
                        progress=False, echo=lambda line: None)
     return float(frame["samples_per_s"].iloc[1:].median())  # the first epoch warms up
@@ -158,7 +159,7 @@ def main():
     try:
         batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     except ValueError:
-        raise UsageError(f"--batch-sizes takes numbers like 32,128, got {args.batch_sizes!r}")
+        raise UsageError(f"--batch-sizes takes numbers like 32,128, got {args.batch_sizes!r}") from None
     if args.epochs < 2 or args.repeats < 1 or min(batch_sizes) < 1:
         raise UsageError("--epochs must be at least 2 (the first is left out), --repeats and "
                          "each batch size at least 1")

@@ -83,7 +83,7 @@ TERMS = [
     (r"学完本章(?!，你将能够：)", None, "学完本章，你将能够："),
     (r"硬件给本章带来的变化", None, "硬件对本章的影响"),
     (r"(?<=\d) x (?=\d)", None, "× (4 × 256)"),
-    (rf"(?<=[\u4e00-\u9fff，。])\.\.\.|\.\.\.(?=[\u4e00-\u9fff])", None, "……"),
+    (r"(?<=[\u4e00-\u9fff，。])\.\.\.|\.\.\.(?=[\u4e00-\u9fff])", None, "……"),
 ]
 TERMS = [(re.compile(variant), allowed, use) for variant, allowed, use in TERMS]
 
