@@ -239,7 +239,8 @@ def candidate_steps(hardware, recording, args, notebooks=None):
                                                                    committed_notebooks())}
     for name, (state, cells) in status.items():
         if notebooks or state in ("stale", "unrecorded"):
-            add(f"notebook:{name}", 1, f"{name} ({cells} gpu-output cells, {state})", "notebook",
+            plural = "s" if cells != 1 else ""
+            add(f"notebook:{name}", 1, f"{name} ({cells} gpu-output cell{plural}, {state})", "notebook",
                 [], cwd="src", needs_cuda=False)
     if not notebooks:
         add("tests", 2, "pytest -m gpu tests", "tests",
