@@ -627,12 +627,15 @@ def init_process_group(device, timeout_s):
 
 
 def check_one_gpu_per_rank(device):
-    """Two ranks on one GPU deadlock or fail inside nccl; say so in one line instead."""
+    """Two ranks on one GPU: say so in one line. NCCL itself refuses them while
+    init_process_group connects the ranks (device_id binds the group to the GPU, so the
+    connection is made there), unless NCCL_MULTI_RANK_GPU_ENABLE=1 allows it; this check
+    speaks for the case NCCL lets through, where the ranks would contend for one GPU."""
     if device.type != "cuda" or dist.get_world_size() == 1:
         return
     # gloo binds to the address the host name resolves to: on several nodes whose names
     # resolve to 127.0.1.1 (/etc/hosts), set GLOO_SOCKET_IFNAME as well as NCCL_SOCKET_IFNAME
-    cpu_group = dist.new_group(backend="gloo")  # nccl cannot even compare notes on a shared GPU
+    cpu_group = dist.new_group(backend="gloo")  # compared on the CPU, not through the GPU in question
     uuids = [None] * dist.get_world_size()
     dist.all_gather_object(uuids, str(torch.cuda.get_device_properties(device).uuid),
                            group=cpu_group)
