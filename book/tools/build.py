@@ -153,15 +153,14 @@ def put_chinese_pages_in_place(src, notebooks=True):
 
 
 def glossary_words(glossary):
-    """The Chinese terms of the Chinese glossary's table (中文 | English), Chinese only:
-    '显存不足（OOM）' -> 显存不足, '卡住、挂起' -> 卡住, 挂起."""
+    """The Chinese terms of the Chinese glossary's table (中文 | English), Chinese only, also
+    where they gloss an English headword: '显存不足（OOM）' -> 显存不足, '卡住、挂起' -> 卡住,
+    挂起, 'all-reduce（全归约）' -> 全归约."""
     words = []
     for line in glossary.read_text(encoding="utf-8").splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if len(cells) == 2 and line.startswith("|") and cells[1] != "English":
-            for word in re.split(r"[、，/]|（.*?）", cells[0]):
-                if re.fullmatch(r"[\u4e00-\u9fff]{2,}", word.strip()):
-                    words.append(word.strip())
+            words += re.findall(r"[\u4e00-\u9fff]{2,}", cells[0])
     return sorted(set(words))
 
 
