@@ -220,12 +220,16 @@ def test_a_stopped_notebook_leaves_no_process_behind(tmp_path, stop):
     run. A kernel that dies outright (killed, out of memory) cleans nothing up: Linux then
     sends torchrun SIGTERM (the launcher asked for it), and torchrun ends its workers."""
     out = tmp_path / "run"
+    # The driver stands for the notebook's kernel: Ctrl-C raises KeyboardInterrupt there
+    # (restored, in case the test runner's process ignores SIGINT and the child inherited
+    # that), and the run has more epochs than it can finish before it is stopped.
     driver = f"""
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {str(ROOT)!r})
 from ddp_scripts.launcher import run_script
 run_script("train_ddp.py", nproc=2, out={str(out)!r}, timeout=600, progress=False,
-           **{dict(RUN, epochs=50)!r})
+           **{dict(RUN, epochs=100_000)!r})
 """
     log = tmp_path / "notebook.log"
     with open(log, "w") as sink:
