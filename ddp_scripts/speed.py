@@ -2,7 +2,8 @@
 
 train_fast.py is train_ddp.py with the lines marked FAST added or changed; each lever is a
 line of its own there, taken where it takes effect, with its reason beside it. What those
-lines call lives here:
+lines call lives here. One GPU is train_fast.py as a world of one process
+(torchrun --nproc_per_node 1); several GPUs, the same script on N processes.
 
     --data-on-device      the data set is copied to the GPU once; batches are index operations there
     --workers N           batches made in N worker processes (data on the CPU) ...

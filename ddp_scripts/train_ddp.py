@@ -1,11 +1,10 @@
-"""Train and test the CIFAR-10 CNN with DistributedDataParallel: one process per GPU or CPU share.
+"""Train and test the CIFAR-10 CNN with DDP: one process per GPU (or per share of the CPU).
 
-    torchrun --standalone --nproc_per_node 2 ddp_scripts/train_ddp.py --dataset synthetic --out runs/ddp
-
-torchrun starts the processes and tells each who it is through the environment (LOCAL_RANK,
-RANK, WORLD_SIZE). This is train_single.py with the lines marked DDP added or changed:
-`diff ddp_scripts/train_single.py ddp_scripts/train_ddp.py` shows what DDP takes.
+The progression: each script is its parent with a few lines changed, each marked with its
+topic, train_single.py -> train_dp.py (DP) and -> train_ddp.py (DDP), and from train_ddp.py
+-> train_fast.py (FAST) and -> train_fsdp.py (FSDP). `diff` between neighbours is the lesson.
 """
+# Run it:  torchrun --standalone --nproc_per_node 2 ddp_scripts/train_ddp.py --dataset synthetic --out runs/ddp
 import time
 
 START = time.perf_counter()  # start-up (imports, data, model) is reported apart from training

@@ -1,12 +1,10 @@
 """Train and test the CIFAR-10 CNN with nn.DataParallel: one process, every visible GPU.
 
-    python ddp_scripts/train_dp.py --out runs/dp                       # all visible GPUs
-    CUDA_VISIBLE_DEVICES=0,1 python ddp_scripts/train_dp.py --out runs/dp2
-
-Each forward pass splits the batch over the GPUs, copies the model to each, and gathers the
-outputs on cuda:0. This is train_single.py with the lines marked DP changed:
-`diff ddp_scripts/train_single.py ddp_scripts/train_dp.py`. Chapter 4 says why DDP replaced it.
+The progression: each script is its parent with a few lines changed, each marked with its
+topic, train_single.py -> train_dp.py (DP) and -> train_ddp.py (DDP), and from train_ddp.py
+-> train_fast.py (FAST) and -> train_fsdp.py (FSDP). `diff` between neighbours is the lesson.
 """
+# Run it:  CUDA_VISIBLE_DEVICES=0,1 python ddp_scripts/train_dp.py --dataset synthetic --out runs/dp
 import time
 
 START = time.perf_counter()  # start-up (imports, data, model) is reported apart from training

@@ -1,15 +1,10 @@
-"""Train and test the CIFAR-10 CNN with DDP, with the levers that keep a GPU busy (chapter 10).
+"""Train and test the CIFAR-10 CNN with DDP and chapter 10's levers (ddp_scripts/speed.py).
 
-    torchrun --standalone --nproc_per_node 1 ddp_scripts/train_fast.py --data-on-device --amp bf16 --out runs/fast
-
-One GPU is a world of one process (--nproc_per_node 1); several are the same script on N
-processes. This is train_ddp.py with the lines marked FAST added or changed: each lever is an
-option, off by default (then the run is train_ddp.py's, number for number), taken where it takes
-effect: the data set and its batches in the loader, the memory layout on the batches and the
-model, compiling at model build; the step carries only autocast and fp16's gradient scaler.
-`diff ddp_scripts/train_ddp.py ddp_scripts/train_fast.py` shows them; ddp_scripts/speed.py holds
-the loaders and the refusals.
+The progression: each script is its parent with a few lines changed, each marked with its
+topic, train_single.py -> train_dp.py (DP) and -> train_ddp.py (DDP), and from train_ddp.py
+-> train_fast.py (FAST) and -> train_fsdp.py (FSDP). `diff` between neighbours is the lesson.
 """
+# Run it:  torchrun --standalone --nproc_per_node 1 ddp_scripts/train_fast.py --data-on-device --out runs/fast
 import time
 
 START = time.perf_counter()  # start-up (imports, data, model) is reported apart from training
@@ -37,12 +32,13 @@ from ddp_scripts.speed import (AMP_DTYPES, add_speed_options, check_levers, comp
                                lever_settings, memory_format, train_batches)
 
 
+# FAST: `amp` and `scaler` are --amp's: autocast's dtype, and the gradient scaler (disabled
+# unless fp16, and then each of its calls passes through)
 def train_one_epoch(model, loader, optimizer, device, amp, scaler):  # FAST: --amp
     """One pass over the training batches; returns (sum of losses, samples) on `device`.
 
     The loss is added up on the device and read once per epoch: `.item()` in the loop
-    would make the CPU wait for the GPU at every step. `amp` and `scaler` are --amp's: the
-    dtype of autocast, and the gradient scaler (disabled unless fp16: then each call passes through).
+    would make the CPU wait for the GPU at every step.
     """
     model.train()
     totals = torch.zeros(2, device=device, dtype=torch.float64)

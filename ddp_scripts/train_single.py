@@ -1,11 +1,10 @@
 """Train and test the CIFAR-10 CNN in one process: on the CPU or on one GPU.
 
-    python ddp_scripts/train_single.py --dataset synthetic --epochs 2 --out runs/cpu --device cpu
-    python ddp_scripts/train_single.py --device cuda --out runs/gpu            # one GPU
-
-train_dp.py and train_ddp.py are this script with a few lines changed, each marked DP or DDP:
-`diff ddp_scripts/train_single.py ddp_scripts/train_ddp.py` shows what DDP takes.
+The progression: each script is its parent with a few lines changed, each marked with its
+topic, train_single.py -> train_dp.py (DP) and -> train_ddp.py (DDP), and from train_ddp.py
+-> train_fast.py (FAST) and -> train_fsdp.py (FSDP). `diff` between neighbours is the lesson.
 """
+# Run it:  python ddp_scripts/train_single.py --dataset synthetic --epochs 2 --device cpu --out runs/single
 import time
 
 START = time.perf_counter()  # start-up (imports, data, model) is reported apart from training
