@@ -1,6 +1,12 @@
 """What train_fsdp.py needs beyond common.py: its options, a model worth sharding, each rank's
 shards made without the whole model, sharded checkpoints, the whole model gathered for one
-process, and what each rank holds.
+process, and what each rank holds. A run saved by N ranks resumes on M, and
+--global-batch-size keeps the training the same when the number of ranks changes:
+
+    torchrun --standalone --nproc_per_node 2 ddp_scripts/train_fsdp.py --model mlp --width 1024 \
+        --global-batch-size 64 --dataset synthetic --out runs/fsdp-mlp --stop-after-epoch 1
+    torchrun --standalone --nproc_per_node 1 ddp_scripts/train_fsdp.py --model mlp --width 1024 \
+        --global-batch-size 64 --dataset synthetic --out runs/fsdp-mlp --resume
 
     OUT/checkpoint.dcp/  the sharded checkpoint (torch.distributed.checkpoint): every rank
                          writes its own shards of the model and of the optimizer state, rank 0
@@ -32,8 +38,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from torch.distributed.tensor import DTensor
 
+from ddp_scripts import common
 from ddp_scripts.common import (UsageError, append_metrics, build_model, build_parser,
-                                epoch_record, run_identity, say, start_out_dir, write_atomically)
+                                epoch_record, run_identity, say, write_atomically)
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, logged_epochs
 
 MODELS = ["cnn", "resnet18", "mlp"]
@@ -269,7 +276,7 @@ def sharded_identity(args):
     return identity
 
 
-def prepare_sharded_out_dir(args, global_batch_size):
+def prepare_out_dir(args, global_batch_size):
     """Check OUT before any work starts; returns what the sharded checkpoint holds (epoch,
     identity, world size, global batch), or None. Only reads: rank 0 calls it (on_rank_0)."""
     out = Path(args.out)
@@ -307,10 +314,10 @@ def prepare_sharded_out_dir(args, global_batch_size):
     return info
 
 
-def start_sharded_out_dir(args, checkpoint):
+def start_out_dir(args, checkpoint):
     """common's start_out_dir (metrics kept up to the checkpoint's epoch), and no sharded
     checkpoint but the one resumed from. checkpoint.pt goes: it is the end of a finished run."""
-    start_out_dir(args, checkpoint)
+    common.start_out_dir(args, checkpoint)
     out = Path(args.out)
     (out / CHECKPOINT).unlink(missing_ok=True)
     stale = [".next", ".old"] + ([""] if checkpoint is None else [])
@@ -318,7 +325,7 @@ def start_sharded_out_dir(args, checkpoint):
         shutil.rmtree(out / (SHARDED_CHECKPOINT + suffix), ignore_errors=True)
 
 
-def resume_sharded(checkpoint, model, optimizer, out):
+def resume_from(checkpoint, model, optimizer, out):
     """Load the sharded checkpoint (or None) into the sharded model and optimizer, on any
     number of ranks; returns the first epoch to run."""
     if checkpoint is None:
@@ -358,7 +365,7 @@ def save_sharded(out, model, optimizer, epoch, args, global_batch_size):
     dist.barrier()  # no rank starts the next save before the folders are in place
 
 
-def save_sharded_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_time_s,
+def save_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_time_s,
                        context):
     """Log the epoch (rank 0), save the sharded checkpoint that covers it (every rank), say so."""
     held = bytes_per_rank(model, optimizer, torch.device(context["device"]))

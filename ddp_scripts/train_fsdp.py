@@ -1,19 +1,10 @@
-"""Train and test a model with FSDP, fully sharded data parallel: each rank holds a shard of every weight.
+"""Train and test a model with FSDP: each rank holds a shard of every weight (sharding.py).
 
-    torchrun --standalone --nproc_per_node 2 ddp_scripts/train_fsdp.py --dataset synthetic --out runs/fsdp
-    torchrun --standalone --nproc_per_node 2 ddp_scripts/train_fsdp.py --model mlp --width 1024 \
-        --global-batch-size 64 --dataset synthetic --out runs/fsdp-mlp --stop-after-epoch 1
-    torchrun --standalone --nproc_per_node 1 ddp_scripts/train_fsdp.py --model mlp --width 1024 \
-        --global-batch-size 64 --dataset synthetic --out runs/fsdp-mlp --resume
-
-This is train_ddp.py with the lines marked FSDP changed: the model built on the meta device
-(shapes, no memory), fully_shard on each block and then on the root instead of the DDP
-wrapper, only this rank's shards made, the optimizer after sharding, sharded checkpoints.
-`diff ddp_scripts/train_ddp.py ddp_scripts/train_fsdp.py` shows what sharding takes; what is
-not the lesson (options, checkpoints, making the shards) is in sharding.py. A run saved by N
-ranks resumes on M (the last two lines); --global-batch-size keeps the training the same
-when the ranks change.
+The progression: each script is its parent with a few lines changed, each marked with its
+topic, train_single.py -> train_dp.py (DP) and -> train_ddp.py (DDP), and from train_ddp.py
+-> train_fast.py (FAST) and -> train_fsdp.py (FSDP). `diff` between neighbours is the lesson.
 """
+# Run it:  torchrun --standalone --nproc_per_node 2 ddp_scripts/train_fsdp.py --dataset synthetic --out runs/fsdp
 import time
 
 START = time.perf_counter()  # start-up (imports, data, model) is reported apart from training
@@ -75,7 +66,7 @@ def main():
     init_process_group(device, args.timeout_s)  # DDP: nccl on GPUs, gloo on CPUs
     threads = set_cpu_threads(args.threads)
     # FSDP: the sharded checkpoint, found by rank 0 and told to every rank
-    checkpoint = on_rank_0(sharding.prepare_sharded_out_dir, args, args.batch_size * world_size)  # FSDP
+    checkpoint = on_rank_0(sharding.prepare_out_dir, args, args.batch_size * world_size)  # FSDP
     train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
                                         args.test_samples, args.dtype)
     check_batch_fits(args.batch_size, len(train_set))
@@ -92,8 +83,8 @@ def main():
     # FSDP: only this rank's shards are allocated, with the weights build_model gives every other script
     sharding.materialize_shards(model, device, args, getattr(torch, args.dtype))  # FSDP
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    first_epoch = sharding.resume_sharded(checkpoint, model, optimizer, args.out)  # FSDP: on any number of ranks
-    on_rank_0(sharding.start_sharded_out_dir, args, checkpoint)  # FSDP
+    first_epoch = sharding.resume_from(checkpoint, model, optimizer, args.out)  # FSDP: on any number of ranks
+    on_rank_0(sharding.start_out_dir, args, checkpoint)  # FSDP
 
     # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
     shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: a share each
@@ -112,8 +103,7 @@ def main():
         average_buffers(model)  # FSDP: no .module: fully_shard changes the model's class in place
         test_totals = reduce_sum(evaluate(model, test_loader, device))  # FSDP: every rank runs each forward
         # FSDP: every rank saves its shards; rank 0 logs the epoch
-        sharding.save_sharded_epoch(args, epoch, model, optimizer,  # FSDP
-                                    train_totals, test_totals, epoch_time, context)
+        sharding.save_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_time, context)  # FSDP
         if epoch == args.stop_after_epoch:
             say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
             break
