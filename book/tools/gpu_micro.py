@@ -83,6 +83,11 @@ def measure(model_name, batch, max_steps, fast, graph, images, labels, torch, co
                 optimizer.zero_grad(set_to_none=True)
                 step(X[index], Y[index])
 
+    return samples_per_s(one_pass, steps, batch, torch)
+
+
+def samples_per_s(one_pass, steps, batch, torch):
+    """one_pass(n) runs n steps: 5 to warm up, then `steps` timed, the GPU's work included."""
     one_pass(5)
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -109,12 +114,7 @@ def scripts_path(model_name, batch, max_steps, dataset, torch, common):
             F.cross_entropy(model(x), y).backward()
             optimizer.step()
 
-    one_pass(5)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    one_pass(steps)
-    torch.cuda.synchronize()
-    return steps * batch / (time.perf_counter() - start)
+    return samples_per_s(one_pass, steps, batch, torch)
 
 
 def main(argv=None):
