@@ -5,6 +5,7 @@ is missing they fail (never skip), saying to run `make book`.
 """
 import functools
 import http.server
+import os
 import re
 import threading
 from pathlib import Path
@@ -14,6 +15,23 @@ import pytest
 from book_files import HTML, MISSING_SITE, SCREENSHOTS
 
 CHROMIUM = Path("/usr/bin/chromium")
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker gets its own share of the cores, as a Slurm job gives
+    each of its tasks: the runs a test starts (in the worker, or as its child processes, which
+    inherit the share) then size their thread pools to it (common.set_cpu_threads). Without
+    it, two workers each run torch with a thread per core, and on a small machine their
+    threads spin waiting for each other: a 4-second test took 36 seconds."""
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not (worker and workers and hasattr(os, "sched_setaffinity")):
+        return
+    cores, index, count = sorted(os.sched_getaffinity(0)), int(worker.removeprefix("gw")), int(workers)
+    if len(cores) >= count > 1:
+        share = set(cores[index % count::count])
+        os.sched_setaffinity(0, share)
+        import torch
+        torch.set_num_threads(len(share))
 # sphinx-thebe 0.3.1 (which jupyter-book 1.x always loads) puts its settings script on every
 # page twice; the second `const` fails. Thebe is not used (launch_buttons.thebe is off), so
 # nothing a reader sees depends on it. Any other script error fails the tests.

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ddp_scripts.common import UsageError, build_model, synthetic_cifar
+from ddp_scripts.common import UsageError, build_model, set_cpu_threads, synthetic_cifar
 from ddp_scripts.runfiles import SUMMARY, metrics_rows
 from ddp_scripts.speed import (AMP_DTYPES, DeviceBatches, RandomCropFlip, add_speed_options,
                                check_levers, train_batches)
@@ -65,8 +65,8 @@ def trained(run):
 
 def bare_loop(epochs=2, samples=512, batch_size=32, lr=0.05, seed=0):
     """The training of train_single.py, written out plainly: the same model, shuffle,
-    batches and steps."""
-    torch.set_num_threads(2)
+    batches and steps, on as many threads as the script takes."""
+    set_cpu_threads()
     (images, labels), _ = synthetic_cifar(samples, 128)
     model = build_model("cnn", seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
