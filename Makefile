@@ -5,14 +5,14 @@
 # and one more, once, for the tests that open the built pages in a browser:
 #   make browser  install Debian's chromium and a Chinese font (needs root; elsewhere, install
 #                 Chromium and any font with Chinese characters yourself)
-# Quicker, while working on the code: `make check` runs the tests that need no built book.
+# Quicker, while working on the code: `make check` runs the tests that need no built book
+# (all but tests/site).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
-# The tests that read the built site (_build/html) or open it in a browser.
-SITE_TESTS := tests/test_site_html.py tests/test_site_browser.py tests/test_site_editions.py
+# The tests that need the built book (its pages, and the runs its chapters made) are in tests/site.
 
 .PHONY: book test check browser gpu-check gpu-bundle student-copies clean
 
@@ -39,7 +39,7 @@ test: book
 	$(PYTEST) tests
 
 check: $(INSTALLED)
-	$(PYTEST) tests $(foreach t,$(SITE_TESTS),--ignore=$(t))
+	$(PYTEST) tests --ignore=tests/site
 
 # apt-get needs root: as root it runs directly, otherwise through sudo (a CI runner, say).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

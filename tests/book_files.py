@@ -1,7 +1,7 @@
 """Where the book's files are, and what its table of contents and configuration say.
 
-Shared by the tests of the sources (test_site_sources.py) and of the built site
-(test_site_html.py, test_site_browser.py, test_site_student.py).
+Shared by the tests of the sources (test_site_sources.py, test_site_student.py) and of the
+built book (tests/site/).
 """
 import json
 import re
@@ -19,6 +19,16 @@ TIMINGS = BUILD / "notebook-timings.xml"
 SETUP_CELL = ROOT / "book" / "tools" / "setup_cell.py"
 MISSING_SITE = ("the built book is missing ({}): run `make book` first "
                 "(`make test` builds it before running the tests)")
+
+
+def built_run(name):
+    """The folder a chapter's run wrote in the build's copy (_build/src/runs/<name>): the tests
+    of what a chapter's run produced read it, rather than make the same run again."""
+    import pytest
+    path = BUILT_SOURCES / "runs" / name
+    if not path.is_dir():
+        pytest.fail(MISSING_SITE.format(path), pytrace=False)
+    return path
 
 
 def config(path=ROOT / "_config.yml"):

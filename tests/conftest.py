@@ -1,4 +1,5 @@
-"""Fixtures for the tests of what readers see: the built site, a local web server, a browser.
+"""What every test shares: under pytest-xdist, each worker runs on its own cores; and, for the
+tests of the built book (tests/site/), the built site, a local web server and a browser.
 
 The site tests read _build/html, which `make book` writes; `make test` builds it first. When it
 is missing they fail (never skip), saying to run `make book`.
@@ -13,8 +14,6 @@ from pathlib import Path
 import pytest
 
 from book_files import HTML, MISSING_SITE, SCREENSHOTS
-
-CHROMIUM = Path("/usr/bin/chromium")
 
 
 def pytest_configure(config):
@@ -32,6 +31,9 @@ def pytest_configure(config):
         os.sched_setaffinity(0, share)
         import torch
         torch.set_num_threads(len(share))
+
+
+CHROMIUM = Path("/usr/bin/chromium")
 # sphinx-thebe 0.3.1 (which jupyter-book 1.x always loads) puts its settings script on every
 # page twice; the second `const` fails. Thebe is not used (launch_buttons.thebe is off), so
 # nothing a reader sees depends on it. Any other script error fails the tests.

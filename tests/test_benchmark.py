@@ -1,4 +1,5 @@
-"""The benchmark (ddp_scripts/benchmark.py): the smoke size end to end, and its refusals."""
+"""The benchmark (ddp_scripts/benchmark.py): its plans, tables and refusals. Its runs end to end
+are checked in the runs chapters 7 and 10 make (tests/site/test_benchmark_runs.py)."""
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ from ddp_scripts.benchmark import (CONFIGS, command_for, load_results, parse_con
 from ddp_scripts.common import UsageError
 from ddp_scripts.hardware import (_first_line, hardware_label, parse_topology,
                                   visible_gpu_indices)
-from ddp_scripts.runfiles import SUMMARY
+from ddp_scripts.runfiles import METRICS
 from helpers import SCRIPTS
 
 NO_GPU = not torch.cuda.is_available()
@@ -21,88 +22,25 @@ def benchmark(*args, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
-# The tests that read this fixture's run go to one pytest-xdist worker (--dist loadgroup), and
-# the fixture lives for the session: pytest ends a module's fixtures whenever the worker
-# turns to another module's test, and the run would be made again.
-shares_smoke = pytest.mark.xdist_group("benchmark_smoke")
-
-
-@pytest.fixture(scope="session")
-def smoke(tmp_path_factory):
-    """One smoke benchmark, shared by the tests that read its results."""
-    where = tmp_path_factory.mktemp("benchmark")
-    out = where / "results.json"
-    done = benchmark("--size", "smoke", "--out", out, "--runs-dir", where / "runs")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out, where, done
-
-
-@shares_smoke
-def test_smoke_writes_a_valid_results_file(smoke):
-    out, where, done = smoke
-    results = load_results(out)
-    assert results["size"] == "smoke" and results["settings"]["dataset"] == "synthetic"
-    hardware = results["hardware"]
-    assert hardware["label"] and hardware["torch"] == torch.__version__
-    assert hardware["cpu"]["logical_cores"] >= 1 and hardware["gpu_count"] == len(hardware["gpus"])
-    runs = {run["config"]: run for run in results["runs"]}
-    assert list(runs) == list(CONFIGS)
-    for run in runs.values():
-        assert run["status"] in ("measured", "skipped"), run
-        if run["status"] == "skipped":
-            assert run["reason"], run
-            continue
-        assert len(run["repeats"]) == results["settings"]["repeats"] == 2
-        for repeat in run["repeats"]:
-            assert repeat["wall_s"] > repeat["startup_s"] > 0
-            assert repeat["wall_s"] >= repeat["total_s"] >= repeat["train_s"] > 0
-            assert len(repeat["epoch_time_s"]) == results["settings"]["epochs"] == 3
-            assert repeat["warmup_epochs"] == 1 and len(repeat["steady_samples_per_s"]) == 2
-        low, high = run["samples_per_s_range"]
-        assert low <= run["samples_per_s"] <= high and run["spread"] == high / low
-        assert run["reliable"] == (run["spread"] <= results["reliable_spread"])
-        assert 0 <= run["test_accuracy"] <= 1
-        # The global batch is held fixed: N processes get global/N each.
-        assert run["batch_size_per_process"] * run["processes"] == run["global_batch_size"]
-        for repeat in (1, 2):
-            assert (where / "runs" / run["config"] / f"repeat-{repeat}" / SUMMARY).exists()
-    assert runs["ddp"]["processes"] >= 2 or runs["ddp"]["status"] == "skipped"
-
-
-@shares_smoke
-@pytest.mark.skipif(not NO_GPU, reason="checks what a machine without a GPU records")
-def test_without_a_gpu_cpu_and_ddp_run_and_the_gpu_rows_say_why_not(smoke):
-    runs = {run["config"]: run for run in load_results(smoke[0])["runs"]}
-    assert runs["cpu"]["status"] == runs["ddp"]["status"] == "measured"
-    assert runs["ddp"]["backend"] == "gloo" and runs["ddp"]["world_size"] == 2
-    assert runs["ddp"]["batch_size_per_process"] == runs["cpu"]["batch_size_per_process"] // 2
-    for config in ("gpu", "dp"):
-        assert runs[config]["status"] == "skipped" and "GPU" in runs[config]["reason"]
-    table = results_table(load_results(smoke[0]))
-    assert table.loc["cpu", "x CPU"] == 1.0
-    assert table.loc["ddp", "x CPU"] > 0 and table["x 1 GPU"].isna().all()
-    # Interleaved: round 1 ran cpu then ddp, round 2 again, each in a directory of its own.
-    assert smoke[2].stdout.index("round 1/2, cpu") < smoke[2].stdout.index("round 1/2, ddp") \
-        < smoke[2].stdout.index("round 2/2, cpu") < smoke[2].stdout.index("round 2/2, ddp")
-
-
-@shares_smoke
-def test_an_existing_results_file_is_not_overwritten(smoke):
-    out, where, _ = smoke
+def test_an_existing_results_file_is_not_overwritten(tmp_path):
+    out = tmp_path / "results.json"
+    out.write_text('{"runs": []}')
     before = out.read_bytes()
-    done = benchmark("--size", "smoke", "--out", out, "--runs-dir", where / "other-runs")
+    done = benchmark("--size", "smoke", "--out", out, "--runs-dir", tmp_path / "runs")
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "--overwrite" in done.stderr
     assert out.read_bytes() == before
 
 
-@shares_smoke
-def test_existing_runs_are_not_overwritten(smoke, tmp_path):
-    _, where, _ = smoke
+def test_existing_runs_are_not_overwritten(tmp_path):
+    held = tmp_path / "runs" / "cpu" / "repeat-1"
+    held.mkdir(parents=True)
+    (held / METRICS).write_text("")
     done = benchmark("--configs", "cpu", "--out", tmp_path / "new.json",
-                     "--runs-dir", where / "runs")
+                     "--runs-dir", tmp_path / "runs")
     assert done.returncode == 2 and "already holds a run" in done.stderr
     assert not (tmp_path / "new.json").exists()
+    assert (held / METRICS).read_text() == ""
 
 
 @pytest.mark.skipif(not NO_GPU, reason="on a GPU machine these configurations would run")

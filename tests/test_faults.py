@@ -48,6 +48,9 @@ class ProcessWatcher:
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def __enter__(self):
+        # Processes started before (a browser another test of this worker keeps open for the
+        # session, say), and what they start meanwhile, are not this test's.
+        self.before = {p.pid for p in psutil.Process().children(recursive=True)}
         self._thread.start()
         return self
 
@@ -61,7 +64,8 @@ class ProcessWatcher:
             for proc in me.children(recursive=True):
                 try:  # the latest command line: a child just forked still shows its parent's
                     command = " ".join(proc.cmdline())
-                    if command:
+                    theirs = {proc.pid, *(parent.pid for parent in proc.parents())} & self.before
+                    if command and not theirs:
                         self.seen[(proc.pid, proc.create_time())] = command
                 except psutil.Error:
                     pass

@@ -414,33 +414,6 @@ def test_table_shows_tuned_rows_beside_plain_ones_with_their_speed_ups():
     assert table["x untuned"].isna().tolist() == [True, False, True, False, True, False]
 
 
-def test_tuned_smoke_benchmark_on_this_machine(tmp_path):
-    """`--tuned` end to end: the CPU probe, the plain and tuned cpu rows (and the GPU rows
-    where there is a GPU, else skipped with the reason)."""
-    import subprocess
-    import sys
-    from ddp_scripts.benchmark import load_results, results_table
-    from helpers import SCRIPTS
-    out = tmp_path / "tuned.json"
-    done = subprocess.run([sys.executable, str(SCRIPTS / "benchmark.py"), "--size", "smoke",
-                           "--configs", "cpu,gpu", "--tuned", "--out", str(out),
-                           "--runs-dir", str(tmp_path / "runs")],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    results = load_results(out)
-    runs = {run["config"]: run for run in results["runs"]}
-    assert list(runs) == ["cpu", "cpu-tuned", "gpu", "gpu-tuned"] and results["tuned"]
-    probe = results["cpu_probe"]
-    assert runs["cpu-tuned"]["status"] == "measured"
-    assert runs["cpu-tuned"]["levers"] == {"threads": probe["threads"],
-                                           "batch_size": probe["batch_size"]}
-    assert runs["cpu-tuned"]["threads_per_process"] == probe["threads"]
-    assert len(probe["probe"]) >= 2 and all(row["samples_per_s"] > 0 for row in probe["probe"])
-    if not CUDA:
-        assert runs["gpu-tuned"]["status"] == "skipped" and "GPU" in runs["gpu-tuned"]["reason"]
-    assert results_table(results).loc["cpu-tuned", "x untuned"] > 0
-
-
 def test_resnet18_is_the_cifar_variant():
     """3x3 stride-1 stem, no max-pool: a 32x32 image is still 32x32 when the first block
     starts (torchvision's ImageNet stem would leave 8x8)."""

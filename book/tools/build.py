@@ -20,8 +20,9 @@ page names, and a page's link to the other edition is the same path on the other
    notebook keeps it, for readers who open it alone (on Colab, say). Code cells tagged
    `solution` get the tag `hide-cell`: on the page they are collapsed, like {solution}s.
    JUPYTERHUB_URL, when set, replaces launch_buttons.jupyterhub_url in the copy's _config.yml.
-2. pytest --nbmake --overwrite executes each notebook there, one after the other (several
-   of them time things, and must not share the cores with another notebook).
+2. pytest --nbmake --overwrite executes each notebook there once: the chapters that measure
+   speed one at a time, alone; the others two at a time (MEASURING, below), each of their
+   pages saying that it ran beside another chapter.
 3. The execution-times page is written from nbmake's timings, and the executed copies are
    made ready for the page (book/tools/page_outputs.py): consecutive stream outputs of one
    name become one block, the build machine's paths and name are taken out of the outputs,
@@ -41,6 +42,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -220,13 +222,92 @@ def set_jupyterhub_url(config_path, hub):
     print(f"JupyterHub launch buttons point at {hub}", flush=True)
 
 
-def execute(edition):
-    """Run every notebook of a copy with nbmake, outputs written back into the copy."""
-    edition.timings.unlink(missing_ok=True)
-    command = nbmake_command(edition.src, [edition.src / "notebooks"], edition.timings)
-    print("+", " ".join(command), flush=True)
+# The chapters that print a time they measured (a speed, a step time, a comparison of two)
+# execute alone: no other notebook shares the machine while they measure. The others execute
+# two at a time, each on its own share of the cores (the same chapter of the two editions
+# side by side, when both are built). Their pages say so (TIMES_PAGE's beside_note): the
+# speeds in their training lines are then a share's, not the machine's.
+MEASURING = {"02_tensors_and_models", "04_data_parallel", "07_experiment", "09_ddp_in_practice",
+             "10_keeping_the_gpu_busy", "11_fsdp"}
+SIDE_BY_SIDE = 2
+
+
+def execute(editions):
+    """Every notebook of every edition once, outputs written back into each copy: first the
+    chapters that measure nothing, two at a time, then the measuring ones, one at a time.
+    Each edition's timings land in one JUnit file (edition.timings), each chapter marked
+    alone or beside another. Returns {edition name: exit status}."""
     MACHINE.write_text(describe_machine() + "\n")
-    return subprocess.run(command, cwd=edition.src).returncode
+    runs = []   # (edition, notebooks, how, junit file)
+    for edition in editions:
+        parts = edition.timings.with_suffix("")
+        shutil.rmtree(parts, ignore_errors=True)
+        parts.mkdir(parents=True)
+        for notebook in sorted((edition.src / "notebooks").glob("*.ipynb")):
+            if notebook.stem not in MEASURING:
+                runs.append((edition, [notebook], "beside", parts / f"{notebook.stem}.xml"))
+    runs.sort(key=lambda run: run[1][0].name)   # a chapter of each edition, side by side
+    statuses = {edition.name: 0 for edition in editions}
+    queue = list(runs)
+    lock = threading.Lock()
+
+    def lane(cores):
+        while True:
+            with lock:
+                if not queue:
+                    return
+                edition, notebooks, _, junit = queue.pop(0)
+            status = nbmake(edition, notebooks, junit, cores)
+            with lock:
+                statuses[edition.name] = max(statuses[edition.name], status)
+    lanes = [threading.Thread(target=lane, args=(cores,)) for cores in lane_cores()]
+    for thread in lanes:
+        thread.start()
+    for thread in lanes:
+        thread.join()
+    for edition in editions:
+        alone = [notebook for notebook in sorted((edition.src / "notebooks").glob("*.ipynb"))
+                 if notebook.stem in MEASURING]
+        junit = edition.timings.with_suffix("") / "alone.xml"
+        if alone:
+            statuses[edition.name] = max(statuses[edition.name], nbmake(edition, alone, junit))
+            runs.append((edition, alone, "alone", junit))
+    for edition in editions:
+        merge_timings([(how, junit) for e, _, how, junit in runs if e is edition],
+                      edition.timings)
+    return statuses
+
+
+def lane_cores():
+    """The cores of each side-by-side lane: its own share, so that the two notebooks' thread
+    pools do not spin against each other (the scripts size theirs to the cores they may use,
+    ddp_scripts/hardware.py:usable_cores). One lane, with every core, where there is one."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < SIDE_BY_SIDE:
+        return [None]
+    return [set(cores[lane::SIDE_BY_SIDE]) for lane in range(SIDE_BY_SIDE)]
+
+
+def nbmake(edition, notebooks, junit, cores=None):
+    """nbmake over some notebooks of one edition's copy; on `cores` only, if given."""
+    command = nbmake_command(edition.src, notebooks, junit)
+    print(f"[{edition.name}] + " + " ".join(command), flush=True)
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    return subprocess.run(command, cwd=edition.src, preexec_fn=pin).returncode
+
+
+def merge_timings(parts, target):
+    """The JUnit files of one edition's nbmake runs as one, each chapter (testcase) marked
+    with how it ran (`executed`: alone or beside). A run that wrote no file could not start;
+    its exit status has failed the edition already."""
+    suite = ET.Element("testsuite", name="notebooks")
+    for how, junit in parts:
+        if not junit.exists():
+            continue
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            case.set("executed", how)
+            suite.append(case)
+    ET.ElementTree(suite).write(target, encoding="unicode")
 
 
 def nbmake_command(src, targets, timings, cell_timeout_s=CELL_TIMEOUT_S,
@@ -246,19 +327,30 @@ def nbmake_command(src, targets, timings, cell_timeout_s=CELL_TIMEOUT_S,
 TIMES_PAGE = {
     "en": {"title": "# Execution times",
            "intro": "How long each chapter took to execute, top to bottom, in the build that "
-                    "produced this site: `make book` runs every notebook once with nbmake, one "
-                    "after the other, on the build machine ({machine}).",
-           "header": "| Chapter | Notebook | Seconds | Result |",
+                    "produced this site: `make book` runs every notebook once with nbmake, on "
+                    "the build machine ({machine}). The chapters that measure speed execute "
+                    "alone; the others two at a time, beside another chapter.",
+           "header": "| Chapter | Notebook | Seconds | Result | Executed |",
            "result": {"passed": "passed", "failed": "failed"},
            "total": "Total: {total:.1f} s.",
-           "unknown": "an unrecorded machine"},
+           "unknown": "an unrecorded machine",
+           "ran": {"alone": "alone", "beside": "beside another chapter"},
+           "beside_note": "```{note}\nThe build executed this page beside another chapter, "
+                          "each on its own share of the build machine's cores ({machine}): the "
+                          "speeds in its training lines (samples/s) are that share's, not the "
+                          "whole machine's. The chapters that measure speed execute alone.\n```"},
     "zh": {"title": "# 执行时间",
            "intro": "生成本网站的那次构建中，每一章从头到尾执行所用的时间：`make book` 用 "
-                    "nbmake 把每个笔记本依次执行一遍，在构建机器（{machine}）上。",
-           "header": "| 章 | 笔记本 | 秒 | 结果 |",
+                    "nbmake 把每个笔记本执行一遍，在构建机器（{machine}）上。测量速度的各章单独"
+                    "执行；其余各章两章同时执行。",
+           "header": "| 章 | 笔记本 | 秒 | 结果 | 执行方式 |",
            "result": {"passed": "通过", "failed": "失败"},
            "total": "合计：{total:.1f} s。",
-           "unknown": "一台未记录的机器"},
+           "unknown": "一台未记录的机器",
+           "ran": {"alone": "单独", "beside": "与另一章同时"},
+           "beside_note": "```{note}\n构建本书时，这一页与另一章同时执行，两章各用构建机器"
+                          "（{machine}）的一部分核心：训练输出里的速度（samples/s）是这部分核心的"
+                          "速度，不是整台机器的。测量速度的各章都单独执行。\n```"},
 }
 
 
@@ -269,15 +361,31 @@ def write_execution_times(edition):
     for case in ET.parse(edition.timings).getroot().iter("testcase"):
         failed = case.find("failure") is not None or case.find("error") is not None
         name = Path(case.get("file") or case.get("name")).stem
-        rows.append((name, float(case.get("time", 0)), "failed" if failed else "passed"))
+        rows.append((name, float(case.get("time", 0)), "failed" if failed else "passed",
+                     case.get("executed", "alone")))
     page = edition.src / "book" / "execution-times.md"
     machine = MACHINE.read_text().strip() if MACHINE.exists() else words["unknown"]
     lines = [words["title"], "", words["intro"].format(machine=machine), "",
-             words["header"], "| --- | --- | ---: | --- |"]
+             words["header"], "| --- | --- | ---: | --- | --- |"]
     lines += [f"| {{doc}}`../notebooks/{name}` | `{name}.ipynb` | {seconds:.1f} | "
-              f"{words['result'][result]} |" for name, seconds, result in sorted(rows)]
+              f"{words['result'][result]} | {words['ran'][how]} |"
+              for name, seconds, result, how in sorted(rows)]
     lines += ["", words["total"].format(total=sum(r[1] for r in rows)), ""]
     page.write_text("\n".join(lines), encoding="utf-8")
+    beside = {name for name, _, _, how in rows if how == "beside"}
+    for notebook in sorted((edition.src / "notebooks").glob("*.ipynb")):
+        if notebook.stem in beside:
+            say_it_ran_beside_another(notebook, words["beside_note"].replace("{machine}", machine))
+
+
+def say_it_ran_beside_another(notebook, note):
+    """The page of a chapter executed beside another says so, under its title."""
+    data = json.loads(notebook.read_text())
+    if any(cell.get("id") == "build-executed-beside" for cell in data["cells"]):
+        return   # --render-only: said in the last build already
+    data["cells"].insert(1, {"cell_type": "markdown", "id": "build-executed-beside",
+                             "metadata": {}, "source": note})
+    notebook.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
 
 
 def describe_machine():
@@ -317,24 +425,30 @@ def replace_site(built, target):
     shutil.copytree(built, target, dirs_exist_ok=True)
 
 
-def build(edition, render_only):
-    """Stage, execute (unless render_only), prepare and render one edition: exit status."""
+def build(editions, render_only):
+    """Stage, execute (unless render_only), prepare and render the editions: exit status."""
     if render_only:
-        if not (edition.timings.exists() and (edition.src / "notebooks").exists()):
-            raise BuildError(f"nothing executed yet for the {edition.name} edition: run "
-                             f"without --render-only first")
-        stage(edition, notebooks=False)
+        for edition in editions:
+            if not (edition.timings.exists() and (edition.src / "notebooks").exists()):
+                raise BuildError(f"nothing executed yet for the {edition.name} edition: run "
+                                 f"without --render-only first")
+            stage(edition, notebooks=False)
+        statuses = {edition.name: 0 for edition in editions}
     else:
-        stage(edition)
-        if execute(edition) != 0:
+        for edition in editions:
+            stage(edition)
+        statuses = execute(editions)
+    for edition in editions:
+        if statuses[edition.name] != 0:
             print(f"error: a notebook of the {edition.name} edition failed to execute (see "
                   f"above); that edition was not built", file=sys.stderr)
-            return 1
-    write_execution_times(edition)
-    page_outputs.prepare(sorted((edition.src / "notebooks").glob("*.ipynb")),
-                         build_copy=edition.src, committed_dir=edition.notebooks,
-                         language=edition.name)
-    return render(edition)
+            continue
+        write_execution_times(edition)
+        page_outputs.prepare(sorted((edition.src / "notebooks").glob("*.ipynb")),
+                             build_copy=edition.src, committed_dir=edition.notebooks,
+                             language=edition.name)
+        statuses[edition.name] = render(edition)
+    return max(statuses.values())
 
 
 def main():
@@ -345,15 +459,12 @@ def main():
     parser.add_argument("--edition", choices=sorted(EDITIONS), action="append",
                         help="build this edition only (repeatable; default: every edition)")
     args = parser.parse_args()
-    statuses = []
     try:
         jupyterhub_url()
-        for name in args.edition or list(EDITIONS):
-            statuses.append(build(EDITIONS[name], args.render_only))
+        return build([EDITIONS[name] for name in args.edition or EDITIONS], args.render_only)
     except BuildError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return max(statuses)
 
 
 if __name__ == "__main__":
