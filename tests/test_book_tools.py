@@ -12,6 +12,7 @@ import pytest
 from book_files import ROOT, cell_source, chapters, first_code_cell, load_notebook
 
 sys.path.insert(0, str(ROOT / "book" / "tools"))
+import build  # noqa: E402
 import gpu_recordings  # noqa: E402
 import offline_assets  # noqa: E402
 import page_outputs  # noqa: E402
@@ -302,3 +303,35 @@ def test_a_tampered_tarball_is_not_used(tmp_path, monkeypatch):
     (tmp_path / offline_assets.tarball_name(name, version)).write_bytes(b"not the package")
     assert offline_assets.cached(name) is None
     assert f"{name}@{version}" in offline_assets.missing()
+
+
+# --- how the build executes the notebooks ---------------------------------------------------
+
+def test_the_chapters_that_run_alone_are_chapters_and_the_others_run_beside_one():
+    names = {path.stem for path, _ in CHAPTERS}
+    assert build.MEASURING < names   # a renamed chapter would silently run beside another
+    assert names - build.MEASURING   # and some run two at a time
+
+
+def test_each_side_by_side_lane_has_cores_of_its_own(monkeypatch):
+    monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5}, raising=False)
+    lanes = build.lane_cores()
+    assert len(lanes) == build.SIDE_BY_SIDE == 2
+    assert set().union(*lanes) == {0, 1, 2, 3, 5} and not set.intersection(*lanes)
+    monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: {7}, raising=False)
+    assert build.lane_cores() == [None]   # one core: one lane, which may use it
+
+
+def test_the_timings_of_one_edition_become_one_file_saying_how_each_chapter_ran(tmp_path):
+    def junit(path, *names):
+        cases = "".join(f'<testcase file="notebooks/{n}.ipynb" name="{n}" time="1.5"/>'
+                        for n in names)
+        path.write_text(f"<testsuites><testsuite>{cases}</testsuite></testsuites>")
+        return path
+    parts = [("beside", junit(tmp_path / "a.xml", "01_devices")),
+             ("alone", junit(tmp_path / "b.xml", "02_tensors_and_models", "07_experiment")),
+             ("beside", tmp_path / "never-written.xml")]
+    build.merge_timings(parts, tmp_path / "all.xml")
+    cases = build.ET.parse(tmp_path / "all.xml").getroot().iter("testcase")
+    assert [(case.get("name"), case.get("executed")) for case in cases] == [
+        ("01_devices", "beside"), ("02_tensors_and_models", "alone"), ("07_experiment", "alone")]

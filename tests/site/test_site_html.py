@@ -11,6 +11,7 @@ from book_files import (BUILT_SOURCES, HTML, ROOT, TIMINGS, Page, cell_source, c
                         config, load_notebook, page_for, site_config, toc_entries)
 
 sys.path.insert(0, str(ROOT / "book" / "tools"))
+import build  # noqa: E402
 import gpu_recordings  # noqa: E402
 import offline_assets  # noqa: E402
 
@@ -168,6 +169,14 @@ def test_execution_times_page_lists_every_chapter(site):
         assert row, f"execution-times: no row for {path.name}"
         assert row.group(2) == "passed"
     assert " cores" in text  # the build machine, as ddp_scripts/hardware.py labels it
+
+
+def test_a_chapter_executed_beside_another_says_so_and_one_executed_alone_does_not(site):
+    for edition, words in (("", build.TIMES_PAGE["en"]), ("zh", build.TIMES_PAGE["zh"])):
+        said = words["beside_note"].split("\n")[1][:20]   # the note's first words
+        for path, _ in CHAPTERS:
+            html = (site / edition / "notebooks" / f"{path.stem}.html").read_text(encoding="utf-8")
+            assert (said in html) == (path.stem not in build.MEASURING), (edition, path.name)
 
 
 def test_front_matter_pages_exist(site):
