@@ -20,9 +20,9 @@ page names, and a page's link to the other edition is the same path on the other
    notebook keeps it, for readers who open it alone (on Colab, say). Code cells tagged
    `solution` get the tag `hide-cell`: on the page they are collapsed, like {solution}s.
    JUPYTERHUB_URL, when set, replaces launch_buttons.jupyterhub_url in the copy's _config.yml.
-2. pytest --nbmake --overwrite executes each notebook there once: the chapters that measure
-   speed one at a time, alone; the others two at a time (MEASURING, below), each of their
-   pages saying that it ran beside another chapter.
+2. pytest --nbmake --overwrite executes each notebook there once: the chapters that time
+   something or show all the machine's cores one at a time, alone (ALONE, below); the others two at a time, each
+   of their pages saying that it ran beside another chapter.
 3. The execution-times page is written from nbmake's timings, and the executed copies are
    made ready for the page (book/tools/page_outputs.py): consecutive stream outputs of one
    name become one block, the build machine's paths and name are taken out of the outputs,
@@ -222,19 +222,20 @@ def set_jupyterhub_url(config_path, hub):
     print(f"JupyterHub launch buttons point at {hub}", flush=True)
 
 
-# The chapters that print a time they measured (a speed, a step time, a comparison of two)
-# execute alone: no other notebook shares the machine while they measure. The others execute
-# two at a time, each on its own share of the cores (the same chapter of the two editions
-# side by side, when both are built). Their pages say so (TIMES_PAGE's beside_note): the
-# speeds in their training lines are then a share's, not the machine's.
-MEASURING = {"02_tensors_and_models", "04_data_parallel", "07_experiment", "09_ddp_in_practice",
-             "10_keeping_the_gpu_busy", "11_fsdp"}
+# The chapters that print a time they measured (a speed, a step time, a timeout's arrival) or
+# show what the machine's cores do (chapter 8's thread counts need more than one core) execute
+# alone: no other notebook shares the machine meanwhile. The others execute two at a time,
+# each on its own share of the cores (the same chapter of the two editions side by side, when
+# both are built). Their pages say so (TIMES_PAGE's beside_note): the speeds in their training
+# lines are then a share's, not the machine's.
+ALONE = {"02_tensors_and_models", "04_data_parallel", "07_experiment", "08_troubleshooting",
+         "09_ddp_in_practice", "10_keeping_the_gpu_busy", "11_fsdp"}
 SIDE_BY_SIDE = 2
 
 
 def execute(editions):
     """Every notebook of every edition once, outputs written back into each copy: first the
-    chapters that measure nothing, two at a time, then the measuring ones, one at a time.
+    chapters that may run beside another, two at a time, then those of ALONE, one at a time.
     Each edition's timings land in one JUnit file (edition.timings), each chapter marked
     alone or beside another. Returns {edition name: exit status}."""
     MACHINE.write_text(describe_machine() + "\n")
@@ -244,7 +245,7 @@ def execute(editions):
         shutil.rmtree(parts, ignore_errors=True)
         parts.mkdir(parents=True)
         for notebook in sorted((edition.src / "notebooks").glob("*.ipynb")):
-            if notebook.stem not in MEASURING:
+            if notebook.stem not in ALONE:
                 runs.append((edition, [notebook], "beside", parts / f"{notebook.stem}.xml"))
     runs.sort(key=lambda run: run[1][0].name)   # a chapter of each edition, side by side
     statuses = {edition.name: 0 for edition in editions}
@@ -267,7 +268,7 @@ def execute(editions):
         thread.join()
     for edition in editions:
         alone = [notebook for notebook in sorted((edition.src / "notebooks").glob("*.ipynb"))
-                 if notebook.stem in MEASURING]
+                 if notebook.stem in ALONE]
         junit = edition.timings.with_suffix("") / "alone.xml"
         if alone:
             statuses[edition.name] = max(statuses[edition.name], nbmake(edition, alone, junit))
@@ -328,8 +329,9 @@ TIMES_PAGE = {
     "en": {"title": "# Execution times",
            "intro": "How long each chapter took to execute, top to bottom, in the build that "
                     "produced this site: `make book` runs every notebook once with nbmake, on "
-                    "the build machine ({machine}). The chapters that measure speed execute "
-                    "alone; the others two at a time, beside another chapter.",
+                    "the build machine ({machine}). The chapters that time something, or "
+                    "show what all the machine's cores do, execute alone; the others two at a "
+                    "time, beside another chapter.",
            "header": "| Chapter | Notebook | Seconds | Result | Executed |",
            "result": {"passed": "passed", "failed": "failed"},
            "total": "Total: {total:.1f} s.",
@@ -338,11 +340,12 @@ TIMES_PAGE = {
            "beside_note": "```{note}\nThe build executed this page beside another chapter, "
                           "each on its own share of the build machine's cores ({machine}): the "
                           "speeds in its training lines (samples/s) are that share's, not the "
-                          "whole machine's. The chapters that measure speed execute alone.\n```"},
+                          "whole machine's. The chapters that time something, or show what all "
+                          "the machine's cores do, execute alone.\n```"},
     "zh": {"title": "# 执行时间",
            "intro": "生成本网站的那次构建中，每一章从头到尾执行所用的时间：`make book` 用 "
-                    "nbmake 把每个笔记本执行一遍，在构建机器（{machine}）上。测量速度的各章单独"
-                    "执行；其余各章两章同时执行。",
+                    "nbmake 把每个笔记本执行一遍，在构建机器（{machine}）上。计时的各章，以及演示"
+                    "整台机器所有核心的各章，都单独执行；其余各章两章同时执行。",
            "header": "| 章 | 笔记本 | 秒 | 结果 | 执行方式 |",
            "result": {"passed": "通过", "failed": "失败"},
            "total": "合计：{total:.1f} s。",
@@ -350,7 +353,7 @@ TIMES_PAGE = {
            "ran": {"alone": "单独", "beside": "与另一章同时"},
            "beside_note": "```{note}\n构建本书时，这一页与另一章同时执行，两章各用构建机器"
                           "（{machine}）的一部分核心：训练输出里的速度（samples/s）是这部分核心的"
-                          "速度，不是整台机器的。测量速度的各章都单独执行。\n```"},
+                          "速度，不是整台机器的。计时的各章，以及演示整台机器所有核心的各章，都单独执行。\n```"},
 }
 
 

@@ -176,7 +176,7 @@ def test_a_chapter_executed_beside_another_says_so_and_one_executed_alone_does_n
         said = words["beside_note"].split("\n")[1][:20]   # the note's first words
         for path, _ in CHAPTERS:
             html = (site / edition / "notebooks" / f"{path.stem}.html").read_text(encoding="utf-8")
-            assert (said in html) == (path.stem not in build.MEASURING), (edition, path.name)
+            assert (said in html) == (path.stem not in build.ALONE), (edition, path.name)
 
 
 def test_front_matter_pages_exist(site):
