@@ -21,8 +21,8 @@ page names, and a page's link to the other edition is the same path on the other
    `solution` get the tag `hide-cell`: on the page they are collapsed, like {solution}s.
    JUPYTERHUB_URL, when set, replaces launch_buttons.jupyterhub_url in the copy's _config.yml.
 2. pytest --nbmake --overwrite executes each notebook there once: the chapters that time
-   something or show all the machine's cores one at a time, alone (ALONE, below); the others two at a time, each
-   of their pages saying that it ran beside another chapter.
+   something or show all the machine's cores one at a time, alone (ALONE, below); the
+   others two at a time, each on its own core, their pages saying so.
 3. The execution-times page is written from nbmake's timings, and the executed copies are
    made ready for the page (book/tools/page_outputs.py): consecutive stream outputs of one
    name become one block, the build machine's paths and name are taken out of the outputs,
@@ -338,9 +338,9 @@ TIMES_PAGE = {
            "unknown": "an unrecorded machine",
            "ran": {"alone": "alone", "beside": "beside another chapter"},
            "beside_note": "```{note}\nThe build executed this page beside another chapter, "
-                          "each on its own share of the build machine's cores ({machine}): the "
-                          "speeds in its training lines (samples/s) are that share's, not the "
-                          "whole machine's. The chapters that time something, or show what all "
+                          "each on its own share of the build machine's cores ({machine}): any "
+                          "speed it prints (samples/s) is that share's, not the whole "
+                          "machine's. The chapters that time something, or show what all "
                           "the machine's cores do, execute alone.\n```"},
     "zh": {"title": "# 执行时间",
            "intro": "生成本网站的那次构建中，每一章从头到尾执行所用的时间：`make book` 用 "
@@ -352,7 +352,7 @@ TIMES_PAGE = {
            "unknown": "一台未记录的机器",
            "ran": {"alone": "单独", "beside": "与另一章同时"},
            "beside_note": "```{note}\n构建本书时，这一页与另一章同时执行，两章各用构建机器"
-                          "（{machine}）的一部分核心：训练输出里的速度（samples/s）是这部分核心的"
+                          "（{machine}）的一部分核心：页面上打印的速度（samples/s）都是这部分核心的"
                           "速度，不是整台机器的。计时的各章，以及演示整台机器所有核心的各章，都单独执行。\n```"},
 }
 
