@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from ddp_scripts.run_records import record_for
 from ddp_scripts.runfiles import (ERROR_FILE_NAME, ERROR_FILE_VARIABLE, logged_epochs,
                                   metrics_rows, read_error_files)
 
@@ -118,8 +119,22 @@ def run_command(command, timeout=600, progress="auto", out=None, total_epochs=No
     Returns the output lines. Raises LaunchError (non-zero exit: which rank failed, with what
     exit status and why, from the ranks' error files), LaunchTimeout, or KeyboardInterrupt
     (after cleaning up) on an interrupt. With `out` and `total_epochs`, an interactive
-    notebook shows a progress bar that follows OUT/metrics.jsonl.
+    notebook shows a progress bar that follows OUT/metrics.jsonl. With RUN_RECORDS set (the
+    book's build), a run of the same command recorded there is replayed instead
+    (ddp_scripts/run_records.py).
     """
+    record = record_for(command, env)
+    if record is not None and record.exists():
+        return record.replay(echo)
+    lines = []
+    _run(command, timeout, progress, out, total_epochs, env, echo, lines)
+    if record is not None:   # a failed run is not recorded: when and how it fails is the point
+        record.save(lines)
+    return lines
+
+
+def _run(command, timeout, progress, out, total_epochs, env, echo, lines):
+    """run_command's work, each output line appended to `lines` as it comes."""
     # Where failures are recorded: torchrun's --log-dir for its workers' error files; the
     # variable, for a single process (or for torchrun's own failure, such as a rendezvous
     # that times out).
@@ -130,7 +145,7 @@ def run_command(command, timeout=600, progress="auto", out=None, total_epochs=No
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
                 ERROR_FILE_VARIABLE: str(Path(error_dir) / ERROR_FILE_NAME)}
     full_env.setdefault("OMP_NUM_THREADS", "1")
-    lines, bar = [], _progress_bar(progress, total_epochs if out is not None else None)
+    bar = _progress_bar(progress, total_epochs if out is not None else None)
     try:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, text=True, env=full_env,
@@ -169,7 +184,6 @@ def run_command(command, timeout=600, progress="auto", out=None, total_epochs=No
         if log_dir is None or log_dir in _TEMPORARY_LOG_DIRS:
             shutil.rmtree(error_dir, ignore_errors=True)
             _TEMPORARY_LOG_DIRS.discard(error_dir)
-    return lines
 
 
 def failure(exit_code, errors, lines):

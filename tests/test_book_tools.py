@@ -313,6 +313,16 @@ def test_the_chapters_that_run_alone_are_chapters_and_the_others_run_beside_one(
     assert names - build.ALONE   # and some run two at a time
 
 
+def test_runs_are_replayed_except_where_a_chapter_times_them(monkeypatch):
+    names = {path.stem for path, _ in CHAPTERS}
+    assert build.TIMES_ITS_RUNS < names
+    monkeypatch.setenv("RUN_RECORDS", "/somewhere/else")   # never the caller's records
+    timed = Path(f"{min(build.TIMES_ITS_RUNS)}.ipynb")
+    others = [Path(f"{name}.ipynb") for name in sorted(names - build.TIMES_ITS_RUNS)]
+    assert build.notebook_env(others)["RUN_RECORDS"] == str(build.RECORDS)
+    assert "RUN_RECORDS" not in build.notebook_env([*others, timed])
+
+
 def test_each_side_by_side_lane_has_cores_of_its_own(monkeypatch):
     monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5}, raising=False)
     lanes = build.lane_cores()

@@ -3,10 +3,12 @@
 Also tested elsewhere, on real runs: a script's bad input named by rank (test_bad_input.py),
 the launcher's timeout and a stopped notebook ending a hung run (test_faults.py).
 """
+import shutil
 import sys
 
 import pytest
 
+from ddp_scripts import run_records
 from ddp_scripts.launcher import LaunchError, run_command, run_script, torchrun_command
 from ddp_scripts.mistakes.faults import processes_mentioning
 
@@ -68,3 +70,61 @@ def test_interrupt_ends_the_whole_process_tree(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_command([sys.executable, str(script)], timeout=120, echo=interrupt_when_started)
     assert processes_mentioning(marker) == []  # end_process_tree waits for every process
+
+
+# A child that adds one file to the folder it is given, prints how many were there, counts
+# its runs in a file outside the repository, and fails with exit status 3 when asked.
+COUNTING_CHILD = """import pathlib, sys
+folder, runs = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+runs.write_text(str(int(runs.read_text() or 0) + 1) if runs.exists() else "1")
+folder.mkdir(parents=True, exist_ok=True)
+before = len(list(folder.iterdir()))
+(folder / f"file{before}").write_text("made by the run")
+print(f"{before} file(s) in {folder}", flush=True)
+sys.exit(3 if len(sys.argv) > 3 else 0)
+"""
+
+
+@pytest.fixture
+def records(tmp_path, tmp_path_factory, monkeypatch):
+    """RUN_RECORDS set, tmp_path standing for the repository; returns (repository, runs file)."""
+    monkeypatch.setattr(run_records, "ROOT", tmp_path)
+    monkeypatch.setenv("RUN_RECORDS", str(tmp_path_factory.mktemp("records")))
+    return tmp_path, tmp_path_factory.mktemp("counter") / "runs"
+
+
+def test_a_recorded_run_is_replayed_with_its_files_and_not_run_twice(records, capsys):
+    repository, runs = records
+    out = repository / "runs" / "a"
+    command = [sys.executable, "-c", COUNTING_CHILD, str(out), str(runs)]
+    assert run_command(command, timeout=120, echo=lambda line: None) == [f"0 file(s) in {out}"]
+    shutil.rmtree(out)
+    capsys.readouterr()
+    replayed = []
+    assert run_command(command, timeout=120, echo=replayed.append) == [f"0 file(s) in {out}"]
+    assert replayed == [f"0 file(s) in {out}"] and runs.read_text() == "1"
+    assert "ran earlier in this build" in capsys.readouterr().out   # said, on the page
+    assert [p.name for p in out.iterdir()] == ["file0"]             # the run's files put back
+    # Its folder now holds a file: an input has changed, so the command runs again.
+    assert run_command(command, timeout=120, echo=lambda line: None) == [f"1 file(s) in {out}"]
+    assert runs.read_text() == "2"
+
+
+def test_a_failed_run_is_not_recorded_and_runs_again(records):
+    repository, runs = records
+    command = [sys.executable, "-c", COUNTING_CHILD, str(repository / "b"), str(runs), "fail"]
+    for attempt in range(2):
+        shutil.rmtree(repository / "b", ignore_errors=True)   # the same inputs each time
+        with pytest.raises(LaunchError) as caught:
+            run_command(command, timeout=120, echo=lambda line: None)
+        assert caught.value.exit_code == 3
+    assert runs.read_text() == "2"
+
+
+def test_without_run_records_every_command_runs(tmp_path, monkeypatch):
+    monkeypatch.delenv("RUN_RECORDS", raising=False)
+    runs = tmp_path / "runs"
+    command = [sys.executable, "-c", COUNTING_CHILD, str(tmp_path / "c"), str(runs)]
+    for attempt in range(2):
+        run_command(command, timeout=120, echo=lambda line: None)
+    assert runs.read_text() == "2"

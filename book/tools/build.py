@@ -22,7 +22,9 @@ page names, and a page's link to the other edition is the same path on the other
    JUPYTERHUB_URL, when set, replaces launch_buttons.jupyterhub_url in the copy's _config.yml.
 2. pytest --nbmake --overwrite executes each notebook there once: the chapters that time
    something or show all the machine's cores one at a time, alone (ALONE, below); the
-   others two at a time, each on its own core, their pages saying so.
+   others two at a time, each on its own core, their pages saying so. A companion-script
+   command both editions launch runs once, for the first, and is replayed for the second
+   (RECORDS, below), except in the chapters that time their runs.
 3. The execution-times page is written from nbmake's timings, and the executed copies are
    made ready for the page (book/tools/page_outputs.py): consecutive stream outputs of one
    name become one block, the build machine's paths and name are taken out of the outputs,
@@ -231,6 +233,13 @@ def set_jupyterhub_url(config_path, hub):
 ALONE = {"02_tensors_and_models", "04_data_parallel", "07_experiment", "08_troubleshooting",
          "09_ddp_in_practice", "10_keeping_the_gpu_busy", "11_fsdp"}
 SIDE_BY_SIDE = 2
+# Both editions' chapters launch the same companion-script commands: each is run once per
+# build, by the first edition that launches it, and replayed for the other from RUN_RECORDS
+# (ddp_scripts/run_records.py; the replayed output says so). A failed run is never
+# recorded. Not in the chapters that print how long a successful run took (a replay takes
+# no time): they run everything they launch.
+RECORDS = BUILD / "run-records"
+TIMES_ITS_RUNS = {"09_ddp_in_practice"}
 
 
 def execute(editions):
@@ -239,15 +248,18 @@ def execute(editions):
     Each edition's timings land in one JUnit file (edition.timings), each chapter marked
     alone or beside another. Returns {edition name: exit status}."""
     MACHINE.write_text(describe_machine() + "\n")
+    shutil.rmtree(RECORDS, ignore_errors=True)
     runs = []   # (edition, notebooks, how, junit file)
-    for edition in editions:
+    for order, edition in enumerate(editions):
         parts = edition.timings.with_suffix("")
         shutil.rmtree(parts, ignore_errors=True)
         parts.mkdir(parents=True)
-        for notebook in sorted((edition.src / "notebooks").glob("*.ipynb")):
-            if notebook.stem not in ALONE:
-                runs.append((edition, [notebook], "beside", parts / f"{notebook.stem}.xml"))
-    runs.sort(key=lambda run: run[1][0].name)   # a chapter of each edition, side by side
+        # The first edition's chapters first; the second's in reverse order, so that each
+        # starts once the first edition's has run, and replays its runs (RECORDS).
+        beside = sorted((notebook for notebook in (edition.src / "notebooks").glob("*.ipynb")
+                         if notebook.stem not in ALONE), reverse=order > 0)
+        runs += [(edition, [notebook], "beside", parts / f"{notebook.stem}.xml")
+                 for notebook in beside]
     statuses = {edition.name: 0 for edition in editions}
     queue = list(runs)
     lock = threading.Lock()
@@ -269,10 +281,14 @@ def execute(editions):
     for edition in editions:
         alone = [notebook for notebook in sorted((edition.src / "notebooks").glob("*.ipynb"))
                  if notebook.stem in ALONE]
-        junit = edition.timings.with_suffix("") / "alone.xml"
-        if alone:
-            statuses[edition.name] = max(statuses[edition.name], nbmake(edition, alone, junit))
-            runs.append((edition, alone, "alone", junit))
+        for replays in (True, False):
+            group = [notebook for notebook in alone
+                     if (notebook.stem not in TIMES_ITS_RUNS) == replays]
+            junit = edition.timings.with_suffix("") / f"alone-{'replays' if replays else 'runs'}.xml"
+            if group:
+                status = nbmake(edition, group, junit)
+                statuses[edition.name] = max(statuses[edition.name], status)
+                runs.append((edition, group, "alone", junit))
     for edition in editions:
         merge_timings([(how, junit) for e, _, how, junit in runs if e is edition],
                       edition.timings)
@@ -290,11 +306,23 @@ def lane_cores():
 
 
 def nbmake(edition, notebooks, junit, cores=None):
-    """nbmake over some notebooks of one edition's copy; on `cores` only, if given."""
+    """nbmake over some notebooks of one edition's copy; on `cores` only, if given. Their
+    runs are recorded and replayed (RECORDS) unless they time them (TIMES_ITS_RUNS)."""
     command = nbmake_command(edition.src, notebooks, junit)
     print(f"[{edition.name}] + " + " ".join(command), flush=True)
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-    return subprocess.run(command, cwd=edition.src, preexec_fn=pin).returncode
+    return subprocess.run(command, cwd=edition.src, preexec_fn=pin,
+                          env=notebook_env(notebooks)).returncode
+
+
+def notebook_env(notebooks):
+    """The environment nbmake executes `notebooks` in: RUN_RECORDS (the variable of
+    ddp_scripts/run_records.py) set unless one of them times its runs."""
+    env = dict(os.environ)
+    env.pop("RUN_RECORDS", None)
+    if not any(notebook.stem in TIMES_ITS_RUNS for notebook in notebooks):
+        env["RUN_RECORDS"] = str(RECORDS)
+    return env
 
 
 def merge_timings(parts, target):
@@ -331,7 +359,9 @@ TIMES_PAGE = {
                     "produced this site: `make book` runs every notebook once with nbmake, on "
                     "the build machine ({machine}). The chapters that time something, or "
                     "show what all the machine's cores do, execute alone; the others two at a "
-                    "time, beside another chapter.",
+                    "time, beside another chapter. A companion-script command that both "
+                    "editions launch runs once, for the English edition; the Chinese pages "
+                    "show that run again, and say so where they do.",
            "header": "| Chapter | Notebook | Seconds | Result | Executed |",
            "result": {"passed": "passed", "failed": "failed"},
            "total": "Total: {total:.1f} s.",
@@ -345,7 +375,8 @@ TIMES_PAGE = {
     "zh": {"title": "# 执行时间",
            "intro": "生成本网站的那次构建中，每一章从头到尾执行所用的时间：`make book` 用 "
                     "nbmake 把每个笔记本执行一遍，在构建机器（{machine}）上。计时的各章，以及演示"
-                    "整台机器所有核心的各章，都单独执行；其余各章两章同时执行。",
+                    "整台机器所有核心的各章，都单独执行；其余各章两章同时执行。两个版本都会启动的配套脚本命令只运行一次"
+                    "（为英文版运行），中文页面展示的是那次运行的结果，并在展示处注明。",
            "header": "| 章 | 笔记本 | 秒 | 结果 | 执行方式 |",
            "result": {"passed": "通过", "failed": "失败"},
            "total": "合计：{total:.1f} s。",
