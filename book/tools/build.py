@@ -24,7 +24,7 @@ page names, and a page's link to the other edition is the same path on the other
    something or show all the machine's cores one at a time, alone (ALONE, below); the
    others two at a time, each on its own core, their pages saying so. A companion-script
    command both editions launch runs once, for the first, and is replayed for the second
-   (RECORDS, below), except in the chapters that time their runs.
+   (RECORDS, below), except in the chapters of NOT_REPLAYED.
 3. The execution-times page is written from nbmake's timings, and the executed copies are
    made ready for the page (book/tools/page_outputs.py): consecutive stream outputs of one
    name become one block, the build machine's paths and name are taken out of the outputs,
@@ -236,10 +236,11 @@ SIDE_BY_SIDE = 2
 # Both editions' chapters launch the same companion-script commands: each is run once per
 # build, by the first edition that launches it, and replayed for the other from RUN_RECORDS
 # (ddp_scripts/run_records.py; the replayed output says so). A failed run is never
-# recorded. Not in the chapters that print how long a successful run took (a replay takes
-# no time): they run everything they launch.
+# recorded. Nor are the runs of the chapters of NOT_REPLAYED, which run everything they
+# launch: chapter 8 kills a rank of a run while it goes (a replay would leave its killer
+# waiting for a rank that never starts), chapter 9 prints how long its run took.
 RECORDS = BUILD / "run-records"
-TIMES_ITS_RUNS = {"09_ddp_in_practice"}
+NOT_REPLAYED = {"08_troubleshooting", "09_ddp_in_practice"}
 
 
 def execute(editions):
@@ -283,7 +284,7 @@ def execute(editions):
                  if notebook.stem in ALONE]
         for replays in (True, False):
             group = [notebook for notebook in alone
-                     if (notebook.stem not in TIMES_ITS_RUNS) == replays]
+                     if (notebook.stem not in NOT_REPLAYED) == replays]
             junit = edition.timings.with_suffix("") / f"alone-{'replays' if replays else 'runs'}.xml"
             if group:
                 status = nbmake(edition, group, junit)
@@ -307,7 +308,7 @@ def lane_cores():
 
 def nbmake(edition, notebooks, junit, cores=None):
     """nbmake over some notebooks of one edition's copy; on `cores` only, if given. Their
-    runs are recorded and replayed (RECORDS) unless they time them (TIMES_ITS_RUNS)."""
+    runs are recorded and replayed (RECORDS), except in the chapters of NOT_REPLAYED."""
     command = nbmake_command(edition.src, notebooks, junit)
     print(f"[{edition.name}] + " + " ".join(command), flush=True)
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
@@ -317,10 +318,10 @@ def nbmake(edition, notebooks, junit, cores=None):
 
 def notebook_env(notebooks):
     """The environment nbmake executes `notebooks` in: RUN_RECORDS (the variable of
-    ddp_scripts/run_records.py) set unless one of them times its runs."""
+    ddp_scripts/run_records.py) set unless one of them is in NOT_REPLAYED."""
     env = dict(os.environ)
     env.pop("RUN_RECORDS", None)
-    if not any(notebook.stem in TIMES_ITS_RUNS for notebook in notebooks):
+    if not any(notebook.stem in NOT_REPLAYED for notebook in notebooks):
         env["RUN_RECORDS"] = str(RECORDS)
     return env
 
