@@ -1,10 +1,11 @@
 """train_fsdp.py: the companion scripts' contract, FSDP = DDP in float64, sharded checkpoints
 that resume on another number of ranks (2 -> 1 and 1 -> 2), one-line errors.
 
-Three torchrun starts in all, shared by every test through two session fixtures: DDP on 2 ranks
-and FSDP on 2 ranks stopped after epoch 1 (two_ranks), FSDP on 2 ranks resuming a 1-rank run
-(resumed). The 1-rank runs are what `torchrun --nproc-per-node 1` would start, made inside the
-test process (a world of one, joined over gloo): no torch import to pay for.
+Three torchrun starts in all, shared by every test through session fixtures: DDP on 2 ranks
+(conftest.ddp_float64, which test_training_scripts.py compares train_single.py with), FSDP on
+2 ranks stopped after epoch 1 (two_ranks), FSDP on 2 ranks resuming a 1-rank run (resumed).
+The 1-rank runs are what `torchrun --nproc-per-node 1` would start, made inside the test
+process (a world of one, joined over gloo): no torch import to pay for.
 """
 import json
 import os
@@ -15,7 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import helpers
-from helpers import SMALL, assert_one_line_error, load_model_state, max_difference, run_in_process
+from helpers import (SMALL, assert_one_line_error, load_model_state, max_difference, run_in_process,
+                     shares_float64_runs)
 
 from ddp_scripts.launcher import run_script
 from ddp_scripts.mistakes.faults import processes_mentioning
@@ -30,7 +32,7 @@ FLOAT64 = [*SMALL, "--dtype", "float64", "--device", "cpu", "--global-batch-size
 OPTIONS = dict(dataset="synthetic", train_samples=512, test_samples=128, dtype="float64",
                device="cpu", timeout=300, progress=False, echo=lambda line: None)
 
-shares_fsdp_runs = pytest.mark.xdist_group("fsdp_runs")
+shares_fsdp_runs = shares_float64_runs   # two_ranks reads ddp_float64
 
 
 def run_one_rank(*args):
@@ -39,10 +41,11 @@ def run_one_rank(*args):
 
 
 @pytest.fixture(scope="session")
-def two_ranks(tmp_path_factory):
-    """DDP and FSDP on 2 ranks, 16 images each per step, float64; FSDP stops after epoch 1."""
+def two_ranks(tmp_path_factory, ddp_float64):
+    """DDP and FSDP on 2 ranks, 16 images each per step, float64; FSDP stops after epoch 1.
+    DDP's run (base/ddp) is the session's ddp_float64."""
     base = tmp_path_factory.mktemp("fsdp")
-    run_script("train_ddp.py", nproc=2, out=base / "ddp", epochs=1, batch_size=16, **OPTIONS)
+    (base / "ddp").symlink_to(ddp_float64, target_is_directory=True)
     run_script("train_fsdp.py", nproc=2, out=base / "two", epochs=2, stop_after_epoch=1,
                global_batch_size=32, **OPTIONS)
     return base

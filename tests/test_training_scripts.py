@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ddp_scripts.runfiles import CHECKPOINT, SUMMARY, metrics_rows
-from helpers import SMALL, load_model_state, max_difference, run_in_process
+from helpers import SMALL, load_model_state, max_difference, run_in_process, shares_float64_runs
 
 CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_time_s",
                  "samples_per_s", "world_size", "device", "backend", "strategy"}
@@ -48,15 +48,12 @@ def test_two_processes_equal_one_process_with_twice_the_batch(ddp_two_by_16, tmp
     assert max_difference(initial, load_model_state(tmp_path)) > 1e-3
 
 
-def test_equivalence_in_float64_is_at_rounding_level(tmp_path):
-    from ddp_scripts.launcher import run_script
-    run_script("train_ddp.py", nproc=2, out=tmp_path / "two", dataset="synthetic",
-               train_samples=512, test_samples=128, epochs=1, batch_size=16, dtype="float64",
-               device="cpu", timeout=240, progress=False)  # raises LaunchError if the run fails
+@shares_float64_runs
+def test_equivalence_in_float64_is_at_rounding_level(ddp_float64, tmp_path):
     one = run_in_process("train_single.py", *SMALL, "--epochs", "1", "--batch-size", "32",
                          "--dtype", "float64", "--device", "cpu", "--out", tmp_path / "one")
     assert one.returncode == 0, one.stderr
-    runs = {nproc: load_model_state(tmp_path / name) for nproc, name in ((1, "one"), (2, "two"))}
+    runs = {1: load_model_state(tmp_path / "one"), 2: load_model_state(ddp_float64)}
     assert runs[1]["fc3.weight"].dtype == torch.float64
     assert max_difference(runs[1], runs[2]) < 1e-12
 
