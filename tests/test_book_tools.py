@@ -11,12 +11,11 @@ import pytest
 
 from book_files import ROOT, cell_source, chapters, first_code_cell, load_notebook
 
-sys.path.insert(0, str(ROOT / "book" / "tools"))
-import build  # noqa: E402
-import gpu_recordings  # noqa: E402
-import offline_assets  # noqa: E402
-import page_outputs  # noqa: E402
-import sync_setup_cell  # noqa: E402
+import build
+import gpu_recordings
+import offline_assets
+import page_outputs
+import sync_setup_cell
 
 CHAPTERS = chapters()
 RECORDINGS = gpu_recordings.load_recordings()

@@ -11,9 +11,8 @@ from pathlib import Path
 
 from book_files import ROOT, cell_source, load_notebook
 
-sys.path.insert(0, str(ROOT / "book" / "tools"))
-import gpu_check  # noqa: E402
-import gpu_recordings  # noqa: E402
+import gpu_check
+import gpu_recordings
 
 RECORDINGS = gpu_recordings.load_recordings()
 H200 = next(r for r in RECORDINGS if r[0].name == "2026-11-30-h200")

@@ -17,11 +17,9 @@ import pytest
 
 from book_files import ROOT, SETUP_CELL, cell_source, chapters, load_notebook
 
-sys.path.insert(0, str(ROOT / "book" / "tools"))
-import student_copies  # noqa: E402
+import student_copies
 
-sys.path.insert(0, str(ROOT))
-from notebooks.selfcheck import canonical, check, digest, is_right  # noqa: E402
+from notebooks.selfcheck import canonical, check, digest, is_right
 
 CHAPTERS = [path for path, _ in chapters()]
 

@@ -14,7 +14,6 @@ from mdit_py_plugins.colon_fence import colon_fence_plugin
 from book_files import (ROOT, SETUP_CELL, cell_source, chapter_id, chapters, config,
                         first_code_cell, load_notebook, source_path, toc_entries)
 
-sys.path.insert(0, str(ROOT / "book" / "tools"))
 
 CHAPTERS = chapters()
 CHAPTER_IDS = [path.stem for path, _ in CHAPTERS]

@@ -9,8 +9,7 @@ import pytest
 
 from book_files import ROOT, TIMINGS, cell_source, chapters, load_notebook
 
-sys.path.insert(0, str(ROOT / "book" / "tools"))
-import student_copies  # noqa: E402
+import student_copies
 
 TOOL = ROOT / "book" / "tools" / "student_copies.py"
 CHAPTERS = [path for path, _ in chapters()]

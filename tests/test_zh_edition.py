@@ -14,8 +14,7 @@ import yaml
 
 from book_files import ROOT, cell_source, load_notebook, toc_entries
 
-sys.path.insert(0, str(ROOT / "book" / "tools"))
-import translations  # noqa: E402
+import translations
 
 ZH_TOC = ROOT / "book" / "zh" / "_toc.yml"
 ENGLISH_PAGES = translations.english_pages()
@@ -306,8 +305,7 @@ def test_no_chinese_line_is_broken_between_two_chinese_characters():
 
 # --- the site's two editions (book/extensions/editions.py) ---------------------------------
 
-sys.path.insert(0, str(ROOT / "book" / "extensions"))
-import editions  # noqa: E402
+import editions
 
 
 @pytest.mark.parametrize("pagename, edition, link", [

@@ -51,9 +51,8 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import offline_assets  # noqa: E402
-import page_outputs  # noqa: E402
+import offline_assets
+import page_outputs
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "_build"

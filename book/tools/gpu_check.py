@@ -49,9 +49,8 @@ import tarfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import build  # noqa: E402
-import gpu_recordings  # noqa: E402
+import build
+import gpu_recordings
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "_build" / "gpu-check"

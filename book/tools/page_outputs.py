@@ -23,8 +23,7 @@ import socket
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_recordings  # noqa: E402
+import gpu_recordings
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT_FIELDS = ("text/plain", "text/html", "text/markdown", "text/latex")

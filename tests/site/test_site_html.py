@@ -10,10 +10,9 @@ import pytest
 from book_files import (BUILT_SOURCES, HTML, ROOT, TIMINGS, Page, cell_source, chapters,
                         config, load_notebook, page_for, site_config, toc_entries)
 
-sys.path.insert(0, str(ROOT / "book" / "tools"))
-import build  # noqa: E402
-import gpu_recordings  # noqa: E402
-import offline_assets  # noqa: E402
+import build
+import gpu_recordings
+import offline_assets
 
 CHAPTERS = chapters()
 CHAPTER_IDS = [path.stem for path, _ in CHAPTERS]
