@@ -26,8 +26,8 @@ page names, and a page's link to the other edition is the same path on the other
    command both editions launch runs once, for the first, and is replayed for the second
    (RECORDS, below), except in the chapters of NOT_REPLAYED.
 3. The execution-times page is written from nbmake's timings, and the executed copies are
-   made ready for the page (book/tools/page_outputs.py): consecutive stream outputs of one
-   name become one block, the build machine's paths and name are taken out of the outputs,
+   made ready for the page (book/tools/page_outputs.py): the build machine's paths and name
+   are taken out of the outputs,
    and every cell tagged `gpu-output` gets the output recorded on GPU machines
    (results/gpu-runs/, book/tools/gpu_recordings.py), labelled, and marked stale where the
    cell's code changed since; stale recordings are also listed in the build's output.

@@ -1,10 +1,9 @@
 """The executed copies of the chapters, made ready for the page (run by build.py before rendering).
 
-Three changes to the outputs of _build/src/notebooks/*.ipynb, none to the committed notebooks:
+Two changes to the outputs of _build/src/notebooks/*.ipynb, none to the committed notebooks
+(a run's lines, which the launcher echoes as they come, one stream output each, are shown
+as one block by myst-nb itself: `nb_merge_streams` in _config.yml):
 
-- Consecutive stream outputs of the same name (stdout, or stderr) become one output. The
-  launcher echoes a run's lines as they come, one stream output per line, and the page would
-  otherwise show one box per line.
 - The build machine's paths and name are taken out: the build copy and the repository become
   `.`, the virtual environment `VENV`, the Python installation `PYTHON`, the home folder `~`,
   the host name `HOST`. (Tracebacks name the files of the build's .venv; a page is no place
@@ -111,8 +110,7 @@ def prepare(notebooks, build_copy=None, recordings_root=None, report=print,
         sync_display_tags(notebook, Path(committed_dir) / path.name)
         for cell in notebook["cells"]:
             if cell["cell_type"] == "code":
-                cell["outputs"] = scrub_outputs(
-                    gpu_recordings.merge_streams(cell.get("outputs", [])), scrub)
+                cell["outputs"] = scrub_outputs(cell.get("outputs", []), scrub)
         stale += gpu_recordings.annotate(notebook, path.name, recordings, language)
         shown += len(gpu_recordings.gpu_cells(notebook))
         path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n",
