@@ -126,15 +126,14 @@ def run_command(command, timeout=600, progress="auto", out=None, total_epochs=No
     record = record_for(command, env)
     if record is not None and record.exists():
         return record.replay(echo)
-    lines = []
-    _run(command, timeout, progress, out, total_epochs, env, echo, lines)
+    lines = _run(command, timeout, progress, out, total_epochs, env, echo)
     if record is not None:   # a failed run is not recorded: when and how it fails is the point
         record.save(lines)
     return lines
 
 
-def _run(command, timeout, progress, out, total_epochs, env, echo, lines):
-    """run_command's work, each output line appended to `lines` as it comes."""
+def _run(command, timeout, progress, out, total_epochs, env, echo):
+    """run_command's work: the run itself. Returns its output lines."""
     # Where failures are recorded: torchrun's --log-dir for its workers' error files; the
     # variable, for a single process (or for torchrun's own failure, such as a rendezvous
     # that times out).
@@ -145,7 +144,7 @@ def _run(command, timeout, progress, out, total_epochs, env, echo, lines):
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
                 ERROR_FILE_VARIABLE: str(Path(error_dir) / ERROR_FILE_NAME)}
     full_env.setdefault("OMP_NUM_THREADS", "1")
-    bar = _progress_bar(progress, total_epochs if out is not None else None)
+    lines, bar = [], _progress_bar(progress, total_epochs if out is not None else None)
     try:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, text=True, env=full_env,
@@ -184,6 +183,7 @@ def _run(command, timeout, progress, out, total_epochs, env, echo, lines):
         if log_dir is None or log_dir in _TEMPORARY_LOG_DIRS:
             shutil.rmtree(error_dir, ignore_errors=True)
             _TEMPORARY_LOG_DIRS.discard(error_dir)
+    return lines
 
 
 def failure(exit_code, errors, lines):

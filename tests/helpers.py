@@ -19,11 +19,10 @@ from ddp_scripts.runfiles import CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "ddp_scripts"
-# A run small enough for seconds on two cores, large enough to learn something.
 # The tests that read conftest.ddp_float64's run go to one pytest-xdist worker (--dist
 # loadgroup), so that the run is made once: a session fixture lives once per worker.
 shares_float64_runs = pytest.mark.xdist_group("float64_runs")
-
+# A run small enough for seconds on two cores, large enough to learn something.
 SMALL = ["--dataset", "synthetic", "--train-samples", "512", "--test-samples", "128"]
 
 

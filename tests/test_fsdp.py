@@ -32,8 +32,6 @@ FLOAT64 = [*SMALL, "--dtype", "float64", "--device", "cpu", "--global-batch-size
 OPTIONS = dict(dataset="synthetic", train_samples=512, test_samples=128, dtype="float64",
                device="cpu", timeout=300, progress=False, echo=lambda line: None)
 
-shares_fsdp_runs = shares_float64_runs   # two_ranks reads ddp_float64
-
 
 def run_one_rank(*args):
     """train_fsdp.py as `torchrun --nproc-per-node 1` would run it, inside this process."""
@@ -41,11 +39,10 @@ def run_one_rank(*args):
 
 
 @pytest.fixture(scope="session")
-def two_ranks(tmp_path_factory, ddp_float64):
-    """DDP and FSDP on 2 ranks, 16 images each per step, float64; FSDP stops after epoch 1.
-    DDP's run (base/ddp) is the session's ddp_float64."""
+def two_ranks(tmp_path_factory):
+    """FSDP on 2 ranks, 16 images each per step, float64, stopped after epoch 1 (DDP's run
+    of the same: ddp_float64)."""
     base = tmp_path_factory.mktemp("fsdp")
-    (base / "ddp").symlink_to(ddp_float64, target_is_directory=True)
     run_script("train_fsdp.py", nproc=2, out=base / "two", epochs=2, stop_after_epoch=1,
                global_batch_size=32, **OPTIONS)
     return base
@@ -69,7 +66,7 @@ def resumed(two_ranks):
     return resumed.stdout
 
 
-@shares_fsdp_runs
+@shares_float64_runs
 def test_metrics_checkpoints_and_what_each_rank_holds(two_ranks):
     base = two_ranks
     rows = metrics_rows(base / "two", strict=True)
@@ -103,10 +100,10 @@ def test_metrics_checkpoints_and_what_each_rank_holds(two_ranks):
                    for name in os.listdir(base / "two"))
 
 
-@shares_fsdp_runs
-def test_fsdp_equals_ddp_in_float64(two_ranks):
+@shares_float64_runs
+def test_fsdp_equals_ddp_in_float64(two_ranks, ddp_float64):
     base = two_ranks
-    fsdp, ddp = load_model_state(base / "two"), load_model_state(base / "ddp")
+    fsdp, ddp = load_model_state(base / "two"), load_model_state(ddp_float64)
     assert fsdp["fc3.weight"].dtype == torch.float64
     assert max_difference(fsdp, ddp) < 1e-12
     from ddp_scripts.common import build_model
@@ -117,7 +114,7 @@ def momentum(state):
     return [s["momentum_buffer"] for _, s in sorted(state["optimizer"]["state"].items())]
 
 
-@shares_fsdp_runs
+@shares_float64_runs
 @pytest.mark.parametrize("name, world_sizes", [("two_then_one", [2, 1]), ("one_then_two", [1, 2])])
 def test_a_run_resumed_on_another_number_of_ranks_equals_an_uninterrupted_one(
         two_ranks, resumed, name, world_sizes):
@@ -137,7 +134,7 @@ def test_a_run_resumed_on_another_number_of_ranks_equals_an_uninterrupted_one(
         assert "saved by 2 rank(s), loaded by 1" in resumed_output
 
 
-@shares_fsdp_runs
+@shares_float64_runs
 def test_no_process_is_left_behind(two_ranks, resumed):
     base = two_ranks
     # the runs' own folder is in every command line they started (another test, on the other
@@ -148,7 +145,7 @@ def test_no_process_is_left_behind(two_ranks, resumed):
 # ---------------------------------------------------------------------------------------
 # Bad input: one line, exit status 2, nothing overwritten
 # ---------------------------------------------------------------------------------------
-@shares_fsdp_runs
+@shares_float64_runs
 def test_refuses_to_overwrite_a_run(two_ranks, tmp_path):
     shutil.copytree(two_ranks / "two", tmp_path / "two")
     before = (tmp_path / "two" / "metrics.jsonl").read_text()
@@ -157,7 +154,7 @@ def test_refuses_to_overwrite_a_run(two_ranks, tmp_path):
     assert (tmp_path / "two" / "metrics.jsonl").read_text() == before
 
 
-@shares_fsdp_runs
+@shares_float64_runs
 def test_a_missing_or_broken_sharded_checkpoint_is_an_error_not_a_fresh_start(two_ranks, tmp_path):
     shutil.copytree(two_ranks / "two", tmp_path / "two")
     shutil.rmtree(tmp_path / "two" / SHARDED_CHECKPOINT)
@@ -172,7 +169,7 @@ def test_a_missing_or_broken_sharded_checkpoint_is_an_error_not_a_fresh_start(tw
     assert_one_line_error(result, "cannot read the sharded checkpoint")
 
 
-@shares_fsdp_runs
+@shares_float64_runs
 def test_resuming_with_another_global_batch_says_which(two_ranks, tmp_path):
     shutil.copytree(two_ranks / "two", tmp_path / "two")
     args = [arg for arg in FLOAT64 if arg not in ("--global-batch-size", "32")]
