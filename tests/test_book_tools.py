@@ -312,6 +312,15 @@ def test_the_chapters_that_run_alone_are_chapters_and_the_others_run_beside_one(
     assert names - build.ALONE   # and some run two at a time
 
 
+def test_the_lanes_take_the_longest_chapters_first_and_the_second_edition_in_reverse():
+    beside = build.beside_order(ROOT / "notebooks")
+    assert {path.stem for path in beside} == {path.stem for path, _ in CHAPTERS} - build.ALONE
+    starts = [build.launches(path) for path in beside]
+    assert starts == sorted(starts, reverse=True) and starts[0] > starts[-1]
+    second = build.beside_order(ROOT / "notebooks" / "zh", first=False)
+    assert [path.name for path in second] == [path.name for path in reversed(beside)]
+
+
 def test_runs_are_replayed_except_in_the_chapters_that_need_them_run(monkeypatch):
     names = {path.stem for path, _ in CHAPTERS}
     assert build.NOT_REPLAYED < names

@@ -20,8 +20,8 @@ page names, and a page's link to the other edition is the same path on the other
    notebook keeps it, for readers who open it alone (on Colab, say). Code cells tagged
    `solution` get the tag `hide-cell`: on the page they are collapsed, like {solution}s.
    JUPYTERHUB_URL, when set, replaces launch_buttons.jupyterhub_url in the copy's _config.yml.
-2. pytest --nbmake --overwrite executes each notebook there once: the chapters that time
-   something or show all the machine's cores one at a time, alone (ALONE, below); the
+2. pytest --nbmake --overwrite executes each notebook there once: the chapters whose
+   measurements depend on how many cores they have one at a time, alone (ALONE, below); the
    others two at a time, each on its own core, their pages saying so. A companion-script
    command both editions launch runs once, for the first, and is replayed for the second
    (RECORDS, below), except in the chapters of NOT_REPLAYED.
@@ -33,8 +33,8 @@ page names, and a page's link to the other edition is the same path on the other
    cell's code changed since; stale recordings are also listed in the build's output.
    The site's JavaScript (widgets, require.js, MathJax) is unpacked into the copy from the
    pinned npm packages of book/tools/offline_assets.py, so the pages need no CDN.
-4. jupyter-book renders _build/src with execution off (the outputs are already in), from
-   scratch, and fails on any warning. The site lands in _build/html; its downloadable
+4. jupyter-book renders each copy with execution off (the outputs are already in), from
+   scratch, both editions at once, and fails on any warning. The site lands in _build/html; its downloadable
    notebooks (the executed copies) get their numbered titles back.
 """
 import argparse
@@ -44,6 +44,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -223,23 +224,25 @@ def set_jupyterhub_url(config_path, hub):
     print(f"JupyterHub launch buttons point at {hub}", flush=True)
 
 
-# The chapters that print a time they measured (a speed, a step time, a timeout's arrival) or
-# show what the machine's cores do (chapter 8's thread counts need more than one core) execute
-# alone: no other notebook shares the machine meanwhile. The others execute two at a time,
-# each on its own share of the cores (the same chapter of the two editions side by side, when
-# both are built). Their pages say so (TIMES_PAGE's beside_note): the speeds in their training
-# lines are then a share's, not the machine's.
-ALONE = {"02_tensors_and_models", "04_data_parallel", "07_experiment", "08_troubleshooting",
-         "09_ddp_in_practice", "10_keeping_the_gpu_busy", "11_fsdp"}
+# The chapters whose measurements depend on how many cores they have execute alone: no
+# other notebook shares the machine meanwhile. Chapter 2 measures the CPU's arithmetic and
+# copies with all its threads, chapter 7 compares one process with two and one thread with
+# two, chapter 8 shows a thread count that only more than one core can show, chapter 10
+# compares the levers' speeds and probes the CPU by threads. The others execute two at a
+# time, each on its own share of the cores (the same chapter of the two editions side by
+# side, when both are built). Their pages say so (TIMES_PAGE's beside_note): the speeds they
+# print (their training lines, a step time) are then a share's, not the machine's.
+ALONE = {"02_tensors_and_models", "07_experiment", "08_troubleshooting",
+         "10_keeping_the_gpu_busy"}
 SIDE_BY_SIDE = 2
 # Both editions' chapters launch the same companion-script commands: each is run once per
 # build, by the first edition that launches it, and replayed for the other from RUN_RECORDS
 # (ddp_scripts/run_records.py; the replayed output says so). A failed run is never
 # recorded. Nor are the runs of the chapters of NOT_REPLAYED, which run everything they
 # launch: chapter 8 kills a rank of a run while it goes (a replay would leave its killer
-# waiting for a rank that never starts), chapter 9 prints how long its run took.
+# waiting for a rank that never starts).
 RECORDS = BUILD / "run-records"
-NOT_REPLAYED = {"08_troubleshooting", "09_ddp_in_practice"}
+NOT_REPLAYED = {"08_troubleshooting"}
 
 
 def execute(editions):
@@ -254,12 +257,8 @@ def execute(editions):
         parts = edition.timings.with_suffix("")
         shutil.rmtree(parts, ignore_errors=True)
         parts.mkdir(parents=True)
-        # The first edition's chapters first; the second's in reverse order, so that each
-        # starts once the first edition's has run, and replays its runs (RECORDS).
-        beside = sorted((notebook for notebook in (edition.src / "notebooks").glob("*.ipynb")
-                         if notebook.stem not in ALONE), reverse=order > 0)
         runs += [(edition, [notebook], "beside", parts / f"{notebook.stem}.xml")
-                 for notebook in beside]
+                 for notebook in beside_order(edition.src / "notebooks", first=order == 0)]
     statuses = {edition.name: 0 for edition in editions}
     queue = list(runs)
     lock = threading.Lock()
@@ -293,6 +292,26 @@ def execute(editions):
         merge_timings([(how, junit) for e, _, how, junit in runs if e is edition],
                       edition.timings)
     return statuses
+
+
+def beside_order(folder, first=True):
+    """The chapters of `folder` that run beside another, in the order the lanes take them.
+    The first edition's, those that launch the most runs first (the longest, so that the
+    lanes end together); the second's in the opposite order, so that each starts once the
+    first edition's has run, and replays its runs (RECORDS)."""
+    return sorted((notebook for notebook in folder.glob("*.ipynb") if notebook.stem not in ALONE),
+                  key=lambda notebook: (launches(notebook), notebook.name), reverse=first)
+
+
+LAUNCH = re.compile(r"\b(run_script|run_command|Popen)\(")
+
+
+def launches(notebook):
+    """How many calls that start a companion script a chapter's code makes: the measure of
+    its length the side-by-side lanes are filled by (the starts are most of the time)."""
+    cells = json.loads(notebook.read_text())["cells"]
+    return sum(len(LAUNCH.findall("".join(cell["source"])))
+               for cell in cells if cell["cell_type"] == "code")
 
 
 def lane_cores():
@@ -357,9 +376,9 @@ TIMES_PAGE = {
     "en": {"title": "# Execution times",
            "intro": "How long each chapter took to execute, top to bottom, in the build that "
                     "produced this site: `make book` runs every notebook once with nbmake, on "
-                    "the build machine ({machine}). The chapters that time something, or "
-                    "show what all the machine's cores do, execute alone; the others two at a "
-                    "time, beside another chapter. A companion-script command that both "
+                    "the build machine ({machine}). The chapters whose measurements depend "
+                    "on how many cores they have execute alone; the others two at a time, "
+                    "beside another chapter. A companion-script command that both "
                     "editions launch runs once, for the English edition; the Chinese pages "
                     "show that run again, and say so where they do.",
            "header": "| Chapter | Notebook | Seconds | Result | Executed |",
@@ -370,12 +389,12 @@ TIMES_PAGE = {
            "beside_note": "```{note}\nThe build executed this page beside another chapter, "
                           "each on its own share of the build machine's cores ({machine}): any "
                           "speed it prints (samples/s) is that share's, not the whole "
-                          "machine's. The chapters that time something, or show what all "
-                          "the machine's cores do, execute alone.\n```"},
+                          "machine's. The chapters whose measurements depend on how many "
+                          "cores they have execute alone.\n```"},
     "zh": {"title": "# 执行时间",
            "intro": "生成本网站的那次构建中，每一章从头到尾执行所用的时间：`make book` 用 "
-                    "nbmake 把每个笔记本执行一遍，在构建机器（{machine}）上。计时的各章，以及演示"
-                    "整台机器所有核心的各章，都单独执行；其余各章两章同时执行。两个版本都会启动的配套脚本命令只运行一次"
+                    "nbmake 把每个笔记本执行一遍，在构建机器（{machine}）上。测量结果取决于"
+                    "核心数量的各章单独执行；其余各章两章同时执行。两个版本都会启动的配套脚本命令只运行一次"
                     "（为英文版运行），中文页面展示的是那次运行的结果，并在展示处注明。",
            "header": "| 章 | 笔记本 | 秒 | 结果 | 执行方式 |",
            "result": {"passed": "通过", "failed": "失败"},
@@ -384,7 +403,7 @@ TIMES_PAGE = {
            "ran": {"alone": "单独", "beside": "与另一章同时"},
            "beside_note": "```{note}\n构建本书时，这一页与另一章同时执行，两章各用构建机器"
                           "（{machine}）的一部分核心：页面上打印的速度（samples/s）都是这部分核心的"
-                          "速度，不是整台机器的。计时的各章，以及演示整台机器所有核心的各章，都单独执行。\n```"},
+                          "速度，不是整台机器的。测量结果取决于核心数量的各章单独执行。\n```"},
 }
 
 
@@ -429,24 +448,45 @@ def describe_machine():
     return describe_hardware()["label"]
 
 
-def render(edition):
-    """The HTML of one edition, from scratch (--all), failing on any warning."""
-    command = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
-               "build", str(edition.src), "--all", "-W", "-n", "--keep-going"]
-    print("+", " ".join(command), flush=True)
-    start = time.perf_counter()
-    status = subprocess.run(command, cwd=ROOT).returncode
-    seconds = time.perf_counter() - start
-    if status == 0:
-        replace_site(edition.src / "_build" / "html", edition.html)
-        restore_titles(edition.html / "_sources" / "notebooks", edition.notebooks)
-        print(f"[{edition.name}] rendered in {seconds:.1f} s: "
-              f"{edition.html / 'index.html'}", flush=True)
-    else:
-        print(f"error: jupyter-book failed on the {edition.name} edition (exit status "
-              f"{status}, warnings count as errors); {edition.html} was left as it was",
-              file=sys.stderr)
-    return status
+def render(editions):
+    """The HTML of the editions, from scratch (--all), failing on any warning: both at once,
+    each in its own copy (jupyter-book is one process per edition, on one core mostly), its
+    output shown when it ends. Returns {edition name: exit status}."""
+    started = {}
+    for edition in editions:
+        command = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
+                   "build", str(edition.src), "--all", "-W", "-n", "--keep-going"]
+        print(f"[{edition.name}] + " + " ".join(command), flush=True)
+        log = tempfile.TemporaryFile(mode="w+")
+        started[edition.name] = (edition, log, time.perf_counter(),
+                                 subprocess.Popen(command, cwd=ROOT, stdout=log,
+                                                  stderr=subprocess.STDOUT, text=True))
+    statuses = {}
+    try:
+        for name, (edition, log, start, process) in started.items():
+            statuses[name] = process.wait()
+            show_render(edition, log, statuses[name], time.perf_counter() - start)
+    finally:   # interrupted: no jupyter-book left running
+        for _, log, _, process in started.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            log.close()
+    return statuses
+
+
+def show_render(edition, log, status, seconds):
+    """One edition's jupyter-book output, then its site put in place (if it built)."""
+    log.seek(0)
+    print(log.read(), end="", flush=True)
+    if status != 0:
+        print(f"error: jupyter-book failed on the {edition.name} edition (exit status {status}, "
+              f"warnings count as errors); {edition.html} was left as it was", file=sys.stderr)
+        return
+    replace_site(edition.src / "_build" / "html", edition.html)
+    restore_titles(edition.html / "_sources" / "notebooks", edition.notebooks)
+    print(f"[{edition.name}] rendered within {seconds:.1f} s: {edition.html / 'index.html'}",
+          flush=True)
 
 
 def replace_site(built, target):
@@ -472,6 +512,7 @@ def build(editions, render_only):
         for edition in editions:
             stage(edition)
         statuses = execute(editions)
+    executed = []
     for edition in editions:
         if statuses[edition.name] != 0:
             print(f"error: a notebook of the {edition.name} edition failed to execute (see "
@@ -481,7 +522,8 @@ def build(editions, render_only):
         page_outputs.prepare(sorted((edition.src / "notebooks").glob("*.ipynb")),
                              build_copy=edition.src, committed_dir=edition.notebooks,
                              language=edition.name)
-        statuses[edition.name] = render(edition)
+        executed.append(edition)
+    statuses.update(render(executed))
     return max(statuses.values())
 
 
