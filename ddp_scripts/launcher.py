@@ -13,6 +13,8 @@ on Linux, even when the kernel itself dies.
 Nothing printed is parsed: progress comes from the run's metrics.jsonl, and a failure from
 the JSON error file each rank writes (ddp_scripts/runfiles.py) in torchrun's --log-dir.
 """
+import contextlib
+import io
 import os
 import queue
 import shutil
@@ -128,6 +130,35 @@ def run_command(command, timeout=600, progress="auto", out=None, total_epochs=No
         return record.replay(echo)
     lines = _run(command, timeout, progress, out, total_epochs, env, echo)
     if record is not None:   # a failed run is not recorded: when and how it fails is the point
+        record.save(lines)
+    return lines
+
+
+def run_main(main, argv, env=None):
+    """A companion script's main() in this process, as the command line `argv` would run it
+    (a new process per run would spend seconds importing torch): sys.argv is `argv` and
+    `env` is added to os.environ for the call; both, and torch's thread count, are restored
+    after. Returns the lines it printed. With RUN_RECORDS set (the book's build), a run of
+    the same command line recorded there is replayed instead (ddp_scripts/run_records.py)."""
+    argv = [str(word) for word in argv]
+    record = record_for(["<this process>", *argv], env)
+    if record is not None and record.exists():
+        return record.replay(echo=lambda line: None)
+    import torch
+    saved_argv, saved_env, threads = sys.argv, dict(os.environ), torch.get_num_threads()
+    printed = io.StringIO()
+    try:
+        sys.argv = argv
+        os.environ.update(env or {})
+        with contextlib.redirect_stdout(printed):
+            main()
+    finally:
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+        torch.set_num_threads(threads)
+    lines = printed.getvalue().splitlines()
+    if record is not None:
         record.save(lines)
     return lines
 

@@ -2,7 +2,8 @@
 
 The book's build executes every chapter twice, once per edition (English and Chinese), and
 both editions' chapters launch the same commands. With RUN_RECORDS set to a folder,
-`launcher.run_command` first looks there for a run of the same command: if one is recorded,
+`launcher.run_command` (and `launcher.run_main`, for a script's main() run in the notebook's
+own process) first looks there for a run of the same command: if one is recorded,
 it prints one line saying so, echoes the run's output and puts back the files the run left;
 if none is, it runs the command and records it, if it succeeds. A failed run is never
 recorded: when and how it fails (a timeout's arrival, say) is what a chapter shows.

@@ -13,6 +13,9 @@ from ddp_scripts.common import build_model, build_parser, save_checkpoint
 from ddp_scripts.launcher import run_command, torchrun_command
 from helpers import ROOT
 
+# Every test here reads the one run: on one test worker, which starts it once.
+pytestmark = pytest.mark.xdist_group("ranks_probe")
+
 
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory):

@@ -3,13 +3,14 @@
 Also tested elsewhere, on real runs: a script's bad input named by rank (test_bad_input.py),
 the launcher's timeout and a stopped notebook ending a hung run (test_faults.py).
 """
+import os
 import shutil
 import sys
 
 import pytest
 
 from ddp_scripts import run_records
-from ddp_scripts.launcher import LaunchError, run_command, run_script, torchrun_command
+from ddp_scripts.launcher import LaunchError, run_command, run_main, run_script, torchrun_command
 from ddp_scripts.mistakes.faults import processes_mentioning
 
 
@@ -119,6 +120,29 @@ def test_a_failed_run_is_not_recorded_and_runs_again(records):
             run_command(command, timeout=120, echo=lambda line: None)
         assert caught.value.exit_code == 3
     assert runs.read_text() == "2"
+
+
+def test_a_main_run_in_this_process_is_restored_after_and_replayed_too(records, capsys,
+                                                                      monkeypatch):
+    repository, _ = records
+    out, calls = repository / "runs" / "in-process", []
+
+    def main():   # what a companion script's main() does: reads argv and env, writes, prints
+        calls.append(sys.argv[1:])
+        out.mkdir(parents=True)
+        (out / "made").write_text(os.environ["WHO"])
+        print(f"[rank 0] ran with {sys.argv[1:]}")
+    argv, said = ["script.py", "--out", out], [f"[rank 0] ran with ['--out', '{out}']"]
+    assert run_main(main, argv, env={"WHO": "me"}) == said
+    assert "WHO" not in os.environ and sys.argv[0] != "script.py"   # both put back
+    shutil.rmtree(out)
+    capsys.readouterr()
+    assert run_main(main, argv, env={"WHO": "me"}) == said and len(calls) == 1
+    assert (out / "made").read_text() == "me"                        # its files put back
+    assert "ran earlier in this build" in capsys.readouterr().out
+    monkeypatch.delenv("RUN_RECORDS")
+    shutil.rmtree(out)
+    assert run_main(main, argv, env={"WHO": "me"}) == said and len(calls) == 2
 
 
 def test_without_run_records_every_command_runs(tmp_path, monkeypatch):
