@@ -6,7 +6,9 @@ both editions' chapters launch the same commands. With RUN_RECORDS set to a fold
 own process) first looks there for a run of the same command: if one is recorded,
 it prints one line saying so, echoes the run's output and puts back the files the run left;
 if none is, it runs the command and records it, if it succeeds. A failed run is never
-recorded: when and how it fails (a timeout's arrival, say) is what a chapter shows.
+recorded: when and how it fails (a timeout's arrival, say) is what a chapter shows. Nor is
+a run that something outside it watches while it goes (WATCHED: a fault injector waiting to
+kill one of its ranks): it always runs.
 
 A run is the same when its command line, its extra environment variables, every file of
 ddp_scripts/ and every input the command names (a file or folder under the repository, such
@@ -30,13 +32,17 @@ ROOT_MARK = "<repository>"
 # Options whose values change from run to run without changing the run.
 UNCOUNTED_OPTIONS = {"--master-port", "--master_port", "--log-dir", "--log_dir"}
 UNCOUNTED_VARIABLES = {"MASTER_PORT", "RDZV_PORT"}   # the latter: slurm_multinode.sbatch's
+# The folders of runs that something watches while they go (ddp_scripts/mistakes/faults.py
+# adds a folder while its fault injector waits for the run that writes there): a command
+# that names one of them is run, never replayed or recorded.
+WATCHED = set()
 
 
 def record_for(command, env):
     """The Record of `command` run with `env` (extra variables), or None when RUN_RECORDS
     is not set."""
     folder = os.environ.get(RECORDS_VARIABLE)
-    if not folder:
+    if not folder or WATCHED & set(absolute_paths(command, env)):
         return None
     key = hashlib.sha256()
     key.update(json.dumps([normalised(command), normalised_env(env)]).encode())
@@ -70,21 +76,19 @@ def normalised_env(env):
             for name, value in (env or {}).items()}
 
 
-def named_paths(command, env):
-    """The files and folders under the repository (outside ddp_scripts/) that the command
-    line or the extra environment names, and that exist."""
+def absolute_paths(command, env):
+    """Every absolute path the command line or the extra environment names, resolved."""
     words = [str(word).split("=", 1)[-1] for word in command]
     for value in (env or {}).values():
         words += str(value).split(os.pathsep)
-    found = []
-    for word in words:
-        path = Path(word)
-        if not path.is_absolute() or not path.exists():
-            continue
-        path = path.resolve()
-        if ROOT in path.parents and not {SCRIPTS, DATA} & {path, *path.parents}:
-            found.append(path)
-    return sorted(set(found))
+    return [Path(word).resolve() for word in words if Path(word).is_absolute()]
+
+
+def named_paths(command, env):
+    """The files and folders under the repository (outside ddp_scripts/) that the command
+    line or the extra environment names, and that exist."""
+    return sorted({path for path in absolute_paths(command, env) if path.exists()
+                   and ROOT in path.parents and not {SCRIPTS, DATA} & {path, *path.parents}})
 
 
 class Record:

@@ -4,6 +4,7 @@ build is needed."""
 import copy
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -321,14 +322,17 @@ def test_the_lanes_take_the_longest_chapters_first_and_the_second_edition_in_rev
     assert [path.name for path in second] == [path.name for path in reversed(beside)]
 
 
-def test_runs_are_replayed_except_in_the_chapters_that_need_them_run(monkeypatch):
-    names = {path.stem for path, _ in CHAPTERS}
-    assert build.NOT_REPLAYED < names
+def test_the_build_executes_every_notebook_with_the_run_records(monkeypatch, tmp_path):
+    seen = {}
+
+    def run(command, **options):
+        seen.update(options)
+        return subprocess.CompletedProcess(command, 0)
+    monkeypatch.setattr(build.subprocess, "run", run)
     monkeypatch.setenv("RUN_RECORDS", "/somewhere/else")   # never the caller's records
-    timed = Path(f"{min(build.NOT_REPLAYED)}.ipynb")
-    others = [Path(f"{name}.ipynb") for name in sorted(names - build.NOT_REPLAYED)]
-    assert build.notebook_env(others)["RUN_RECORDS"] == str(build.RECORDS)
-    assert "RUN_RECORDS" not in build.notebook_env([*others, timed])
+    assert build.nbmake(build.EDITIONS["zh"], [Path("08_troubleshooting.ipynb")],
+                        tmp_path / "timings.xml") == 0
+    assert seen["env"]["RUN_RECORDS"] == str(build.RECORDS)
 
 
 def test_each_side_by_side_lane_has_cores_of_its_own(monkeypatch):

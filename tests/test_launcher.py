@@ -11,7 +11,7 @@ import pytest
 
 from ddp_scripts import run_records
 from ddp_scripts.launcher import LaunchError, run_command, run_main, run_script, torchrun_command
-from ddp_scripts.mistakes.faults import processes_mentioning
+from ddp_scripts.mistakes.faults import RankKiller, processes_mentioning
 
 
 def test_output_is_streamed_while_the_run_goes_on(tmp_path):
@@ -143,6 +143,26 @@ def test_a_main_run_in_this_process_is_restored_after_and_replayed_too(records, 
     monkeypatch.delenv("RUN_RECORDS")
     shutil.rmtree(out)
     assert run_main(main, argv, env={"WHO": "me"}) == said and len(calls) == 2
+
+
+def test_a_run_that_a_fault_injector_watches_always_runs(records, monkeypatch):
+    repository, runs = records
+    out = repository / "runs" / "watched"
+    monkeypatch.setattr(run_records, "WATCHED", {out.resolve()})
+    command = [sys.executable, "-c", COUNTING_CHILD, str(out), str(runs)]
+    for attempt in range(2):
+        shutil.rmtree(out, ignore_errors=True)   # the same inputs each time
+        run_command(command, timeout=120, echo=lambda line: None)
+    assert runs.read_text() == "2"
+
+
+def test_a_fault_injector_marks_its_run_watched_until_it_ends(tmp_path):
+    out, seen = (tmp_path / "run").resolve(), []
+    killer = RankKiller(tmp_path / "run", give_up_s=0)
+    killer._watch = lambda: seen.append(out in run_records.WATCHED)   # what it sees while it waits
+    killer.start()
+    killer.join(timeout=60)
+    assert seen == [True] and out not in run_records.WATCHED
 
 
 def test_without_run_records_every_command_runs(tmp_path, monkeypatch):

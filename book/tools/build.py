@@ -24,7 +24,7 @@ page names, and a page's link to the other edition is the same path on the other
    measurements depend on how many cores they have one at a time, alone (ALONE, below); the
    others two at a time, each on its own core, their pages saying so. A companion-script
    command both editions launch runs once, for the first, and is replayed for the second
-   (RECORDS, below), except in the chapters of NOT_REPLAYED.
+   (RECORDS, below).
 3. The execution-times page is written from nbmake's timings, and the executed copies are
    made ready for the page (book/tools/page_outputs.py): the build machine's paths and name
    are taken out of the outputs,
@@ -238,11 +238,8 @@ SIDE_BY_SIDE = 2
 # Both editions' chapters launch the same companion-script commands: each is run once per
 # build, by the first edition that launches it, and replayed for the other from RUN_RECORDS
 # (ddp_scripts/run_records.py; the replayed output says so). A failed run is never
-# recorded. Nor are the runs of the chapters of NOT_REPLAYED, which run everything they
-# launch: chapter 8 kills a rank of a run while it goes (a replay would leave its killer
-# waiting for a rank that never starts).
+# recorded, nor one that a fault injector watches (chapter 8's killed rank): they always run.
 RECORDS = BUILD / "run-records"
-NOT_REPLAYED = {"08_troubleshooting"}
 
 
 def execute(editions):
@@ -280,14 +277,11 @@ def execute(editions):
     for edition in editions:
         alone = [notebook for notebook in sorted((edition.src / "notebooks").glob("*.ipynb"))
                  if notebook.stem in ALONE]
-        for replays in (True, False):
-            group = [notebook for notebook in alone
-                     if (notebook.stem not in NOT_REPLAYED) == replays]
-            junit = edition.timings.with_suffix("") / f"alone-{'replays' if replays else 'runs'}.xml"
-            if group:
-                status = nbmake(edition, group, junit)
-                statuses[edition.name] = max(statuses[edition.name], status)
-                runs.append((edition, group, "alone", junit))
+        junit = edition.timings.with_suffix("") / "alone.xml"
+        if alone:
+            status = nbmake(edition, alone, junit)
+            statuses[edition.name] = max(statuses[edition.name], status)
+            runs.append((edition, alone, "alone", junit))
     for edition in editions:
         merge_timings([(how, junit) for e, _, how, junit in runs if e is edition],
                       edition.timings)
@@ -326,22 +320,12 @@ def lane_cores():
 
 def nbmake(edition, notebooks, junit, cores=None):
     """nbmake over some notebooks of one edition's copy; on `cores` only, if given. Their
-    runs are recorded and replayed (RECORDS), except in the chapters of NOT_REPLAYED."""
+    runs are recorded and replayed (RECORDS)."""
     command = nbmake_command(edition.src, notebooks, junit)
     print(f"[{edition.name}] + " + " ".join(command), flush=True)
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
     return subprocess.run(command, cwd=edition.src, preexec_fn=pin,
-                          env=notebook_env(notebooks)).returncode
-
-
-def notebook_env(notebooks):
-    """The environment nbmake executes `notebooks` in: RUN_RECORDS (the variable of
-    ddp_scripts/run_records.py) set unless one of them is in NOT_REPLAYED."""
-    env = dict(os.environ)
-    env.pop("RUN_RECORDS", None)
-    if not any(notebook.stem in NOT_REPLAYED for notebook in notebooks):
-        env["RUN_RECORDS"] = str(RECORDS)
-    return env
+                          env={**os.environ, "RUN_RECORDS": str(RECORDS)}).returncode
 
 
 def merge_timings(parts, target):
