@@ -221,10 +221,12 @@ def failure(exit_code, errors, lines):
     """A LaunchError from the error files of a failed run: the first rank that failed, its
     exit status and its reason. A process killed by a signal writes no error file: then
     the run's own exit status, and the last lines it printed."""
-    if not errors:
+    if not errors:   # then what it printed last is all there is to say why
+        last = " | ".join(line.strip() for line in lines[-4:]) or "nothing"
         return LaunchError(f"the run failed with exit code {exit_code} and left no error "
-                           "file (killed by a signal, or ended before it started)",
-                           exit_code=exit_code, tail="\n".join(lines[-25:]))
+                           f"file (killed by a signal, or ended before it started); it "
+                           f"printed last: {last}", exit_code=exit_code,
+                           tail="\n".join(lines[-25:]))
     first = errors[0]
     rank, code = first["rank"], first["exit_code"]
     stack = first.get("message", {}).get("extraInfo", {}).get("py_callstack", "")

@@ -54,9 +54,10 @@ def test_a_single_process_failure_is_read_from_its_error_file(tmp_path):
 
 def test_a_process_killed_by_a_signal_is_named_as_such():
     with pytest.raises(LaunchError) as caught:
-        run_command([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
-                    timeout=60, echo=lambda line: None)
+        run_command([sys.executable, "-c", "import os, signal; print('going', flush=True); "
+                     "os.kill(os.getpid(), signal.SIGKILL)"], timeout=60, echo=lambda line: None)
     assert caught.value.exit_code == -9 and "left no error file" in str(caught.value)
+    assert str(caught.value).endswith("it printed last: going")   # all there is to say why
 
 
 def test_interrupt_ends_the_whole_process_tree(tmp_path):
