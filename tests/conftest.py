@@ -33,19 +33,6 @@ def pytest_configure(config):
         torch.set_num_threads(len(share))
 
 
-@pytest.fixture(scope="session")
-def ddp_float64(tmp_path_factory):
-    """train_ddp.py on 2 ranks, 16 images each per step, one epoch, float64: what
-    train_single.py (test_training_scripts.py) and train_fsdp.py (test_fsdp.py) must equal.
-    Its tests are marked helpers.shares_float64_runs."""
-    from ddp_scripts.launcher import run_script
-    out = tmp_path_factory.mktemp("ddp-float64")
-    run_script("train_ddp.py", nproc=2, out=out, dataset="synthetic", train_samples=512,
-               test_samples=128, epochs=1, batch_size=16, dtype="float64", device="cpu",
-               timeout=300, progress=False, echo=lambda line: None)
-    return out
-
-
 CHROMIUM = Path("/usr/bin/chromium")
 # sphinx-thebe 0.3.1 (which jupyter-book 1.x always loads) puts its settings script on every
 # page twice; the second `const` fails. Thebe is not used (launch_buttons.thebe is off), so

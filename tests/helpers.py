@@ -19,8 +19,8 @@ from ddp_scripts.runfiles import CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "ddp_scripts"
-# The tests that read conftest.ddp_float64's run go to one pytest-xdist worker (--dist
-# loadgroup), so that the run is made once: a session fixture lives once per worker.
+# The tests that read test_fsdp.py's runs go to one pytest-xdist worker (--dist loadgroup),
+# so that the runs are made once: a session fixture lives once per worker.
 shares_float64_runs = pytest.mark.xdist_group("float64_runs")
 # A run small enough for seconds on two cores, large enough to learn something.
 SMALL = ["--dataset", "synthetic", "--train-samples", "512", "--test-samples", "128"]

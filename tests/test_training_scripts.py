@@ -1,12 +1,14 @@
-"""The companion scripts' contract: equivalence, resume, metrics and checkpoint format."""
-import json
+"""The companion scripts' contract: resume, metrics and checkpoint format, one import path.
+
+What chapter 5's own runs show (DDP on two processes equals one process with twice the
+batch, in float32 and float64; the metrics and checkpoint of a DDP run; the article's old
+launcher) is tested on those runs, in tests/site/test_chapter_runs.py."""
 import sys
 
-import pytest
 import torch
 
-from ddp_scripts.runfiles import CHECKPOINT, SUMMARY, metrics_rows
-from helpers import SMALL, load_model_state, max_difference, run_in_process, shares_float64_runs
+from ddp_scripts.runfiles import CHECKPOINT, metrics_rows
+from helpers import SMALL, max_difference, run_in_process
 
 CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_time_s",
                  "samples_per_s", "world_size", "device", "backend", "strategy"}
@@ -14,68 +16,6 @@ CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_tim
 
 def read_metrics(out):
     return metrics_rows(out, strict=True)
-
-
-# The tests that read this fixture's run go to one pytest-xdist worker (--dist loadgroup), and
-# the fixture lives for the session: pytest ends a module's fixtures whenever the worker
-# turns to another module's test, and the run would be made again.
-shares_ddp_two_by_16 = pytest.mark.xdist_group("ddp_two_by_16")
-
-
-@pytest.fixture(scope="session")
-def ddp_two_by_16(tmp_path_factory):
-    """Two processes with 16 images each per step, one epoch, float32, via the launcher."""
-    from ddp_scripts.launcher import run_script
-    out = tmp_path_factory.mktemp("ddp2")
-    frame = run_script("train_ddp.py", nproc=2, out=out, dataset="synthetic", train_samples=512,
-                       test_samples=128, epochs=1, batch_size=16, device="cpu", timeout=240,
-                       progress=False)
-    # The launcher hands back metrics.jsonl as a DataFrame.
-    assert list(frame["epoch"]) == [1] and list(frame["world_size"]) == [2]
-    return out
-
-
-@shares_ddp_two_by_16
-def test_two_processes_equal_one_process_with_twice_the_batch(ddp_two_by_16, tmp_path):
-    single = run_in_process("train_single.py", *SMALL, "--epochs", "1", "--batch-size", "32",
-                            "--device", "cpu", "--out", tmp_path)
-    assert single.returncode == 0, single.stderr
-    difference = max_difference(load_model_state(ddp_two_by_16), load_model_state(tmp_path))
-    assert difference < 1e-5, f"parameters differ by {difference}"
-    # Not trivially equal: the model did move away from its initial weights.
-    from ddp_scripts.common import build_model
-    initial = build_model("cnn", seed=0).state_dict()
-    assert max_difference(initial, load_model_state(tmp_path)) > 1e-3
-
-
-@shares_float64_runs
-def test_equivalence_in_float64_is_at_rounding_level(ddp_float64, tmp_path):
-    one = run_in_process("train_single.py", *SMALL, "--epochs", "1", "--batch-size", "32",
-                         "--dtype", "float64", "--device", "cpu", "--out", tmp_path / "one")
-    assert one.returncode == 0, one.stderr
-    runs = {1: load_model_state(tmp_path / "one"), 2: load_model_state(ddp_float64)}
-    assert runs[1]["fc3.weight"].dtype == torch.float64
-    assert max_difference(runs[1], runs[2]) < 1e-12
-
-
-@shares_ddp_two_by_16
-def test_ddp_metrics_and_checkpoint_contract(ddp_two_by_16):
-    rows = read_metrics(ddp_two_by_16)
-    assert [row["epoch"] for row in rows] == [1]
-    row = rows[0]
-    assert CONTRACT_KEYS <= row.keys()
-    assert (row["world_size"], row["backend"], row["strategy"]) == (2, "gloo", "ddp")
-    assert row["device"] == "cpu" and row["global_batch_size"] == 32
-    # Distributed evaluation scores each of the 128 test images exactly once.
-    assert row["test_samples"] == 128 and row["train_samples"] == 512
-    assert 0.0 <= row["test_accuracy"] <= 1.0 and row["samples_per_s"] > 0
-    assert (row["dtype"], row["tf32"]) == ("float32", False)
-    state = torch.load(ddp_two_by_16 / CHECKPOINT, map_location="cpu", weights_only=True)
-    assert {"model", "optimizer", "epoch"} <= state.keys() and state["epoch"] == 1
-    assert not any(key.startswith("module.") for key in state["model"])
-    summary = json.loads((ddp_two_by_16 / SUMMARY).read_text())
-    assert summary["startup_s"] > 0 and summary["train_s"] > 0
-    assert summary["world_size"] == 2 and summary["hardware"]["device"] == "cpu"
 
 
 def test_single_process_resume_equals_uninterrupted(tmp_path):
@@ -139,20 +79,6 @@ def test_cifar10_falls_back_to_synthetic_with_an_announcement(tmp_path, monkeypa
     assert "CIFAR-10 could not be loaded" in result.stdout
     assert "using the synthetic CIFAR-shaped data set instead" in result.stdout
     assert read_metrics(tmp_path / "run")[0]["dataset"] == "synthetic (fallback)"
-
-
-def test_the_source_articles_launcher_still_works(tmp_path):
-    """python -m torch.distributed.launch passes --local-rank; the script takes it, says so."""
-    import subprocess
-    from helpers import SCRIPTS
-    from ddp_scripts.launcher import free_port
-    command = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2",
-               f"--master_port={free_port()}", str(SCRIPTS / "train_ddp.py"), *SMALL,
-               "--epochs", "1", "--batch-size", "16", "--device", "cpu", "--out", str(tmp_path)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("notice: --local-rank comes from the deprecated") == 1
-    assert [r["world_size"] for r in read_metrics(tmp_path)] == [2]
 
 
 def test_one_import_path(tmp_path):

@@ -1,0 +1,182 @@
+"""What the chapters' own runs show holds: read from the build's copy, not run again.
+
+Chapters 5, 8 and 11 launch the companion scripts' decisive runs (DDP against one process,
+a killed rank restarted, FSDP against DDP, a sharded checkpoint resumed on another number of
+ranks, the article's old launcher, a collective one rank skips, a node that never joins). The
+build executes them once; these tests read the folders they wrote (_build/src/runs) and the
+outputs the executed chapters hold (_build/src/notebooks), so no torchrun start is paid twice.
+On a machine with GPUs the chapters run on them (nccl), where kernels need not add in a
+fixed order: the float32 bounds are then those of chapter 5's own drift measurement.
+"""
+import json
+import re
+
+import pytest
+import torch
+
+from book_files import BUILT_SOURCES, MISSING_SITE, built_run, cell_source, load_notebook
+from ddp_scripts.mistakes.faults import processes_mentioning
+from ddp_scripts.runfiles import CHECKPOINT, SHARDED_CHECKPOINT, SUMMARY, metrics_rows
+from helpers import max_difference
+
+CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_time_s",
+                 "samples_per_s", "world_size", "device", "backend", "strategy"}
+
+
+def output_of(chapter, code):
+    """The text output of the executed chapter's code cell whose source contains `code`."""
+    path = BUILT_SOURCES / "notebooks" / f"{chapter}.ipynb"
+    if not path.exists():
+        pytest.fail(MISSING_SITE.format(path), pytrace=False)
+    cell = next((cell for cell in load_notebook(path)["cells"]
+                 if cell["cell_type"] == "code" and code in cell_source(cell)), None)
+    assert cell is not None, f"{chapter} has no code cell with {code!r}"
+    return "".join("".join(out.get("text", "")) for out in cell.get("outputs", []))
+
+
+def checkpoint(name):
+    return torch.load(built_run(name) / CHECKPOINT, map_location="cpu", weights_only=True)
+
+
+def momentum(state):
+    return [s["momentum_buffer"] for _, s in sorted(state["optimizer"]["state"].items())]
+
+
+def moved_from_the_start(state, dtype):
+    from ddp_scripts.common import build_model
+    return max_difference(build_model("cnn", seed=0, dtype=dtype).state_dict(), state["model"])
+
+
+# Chapter 5: DDP on N processes against one process with N times the batch -----------------
+def test_ddp_equals_one_process_with_the_whole_batch_in_float64():
+    ddp, single = checkpoint("ch05-ddp-float64"), checkpoint("ch05-single-float64")
+    assert ddp["model"]["fc3.weight"].dtype == torch.float64
+    assert max_difference(ddp["model"], single["model"]) < 1e-12
+    assert moved_from_the_start(ddp, torch.float64) > 1e-3   # not equal by not training
+
+
+def test_ddp_equals_one_process_after_an_epoch_in_float32():
+    snapshots = built_run("ch05-snapshots")
+    ddp, single = (torch.load(snapshots / name, map_location="cpu", weights_only=True)
+                   for name in ("ddp-epoch1.pt", "single-epoch1.pt"))
+    device = metrics_rows(built_run("ch05-ddp"), strict=True)[0]["device"]
+    assert max_difference(ddp["model"], single["model"]) < (1e-5 if device == "cpu" else 1e-3)
+    assert moved_from_the_start(ddp, torch.float32) > 1e-3
+
+
+def test_ddp_metrics_and_checkpoint_contract():
+    out = built_run("ch05-ddp")
+    rows = metrics_rows(out, strict=True)
+    assert [row["epoch"] for row in rows] == [1, 2, 3]   # stopped after 1, resumed: each once
+    for row in rows:
+        assert CONTRACT_KEYS <= row.keys()
+        assert row["strategy"] == "ddp" and row["world_size"] >= 2
+        assert row["backend"] == ("gloo" if row["device"] == "cpu" else "nccl")
+        assert row["global_batch_size"] == row["batch_size"] * row["world_size"]
+        assert 0.0 <= row["test_accuracy"] <= 1.0 and row["samples_per_s"] > 0
+        assert (row["dtype"], row["tf32"]) == ("float32", False)
+    # Distributed evaluation scores each test image exactly once.
+    assert rows[-1]["test_samples"] == 512
+    state = checkpoint("ch05-ddp")
+    assert {"model", "optimizer", "epoch"} <= state.keys() and state["epoch"] == 3
+    assert not any(key.startswith("module.") for key in state["model"])
+    summary = json.loads((out / SUMMARY).read_text())
+    assert summary["startup_s"] > 0 and summary["train_s"] > 0
+    assert summary["world_size"] == rows[-1]["world_size"]
+    assert summary["hardware"]["device"] == rows[-1]["device"].split(":")[0]
+
+
+def test_the_source_articles_launcher_still_works():
+    """python -m torch.distributed.launch passes --local-rank; the script takes it, says so."""
+    output = output_of("05_distributed_data_parallel", "torch.distributed.launch")
+    if "no longer has torch.distributed.launch" in output:   # a torch without it
+        return
+    notices = [line for line in output.splitlines()
+               if line.startswith("notice: --local-rank comes from the deprecated")]
+    assert len(notices) == 1, output[-3000:]   # once: rank 0 says it, not every rank
+    assert metrics_rows(built_run("ch05-old-launch"), strict=True)[-1]["world_size"] >= 2
+
+
+# Chapter 8: faults --------------------------------------------------------------------------
+def test_a_killed_rank_restarts_and_ends_with_the_uninterrupted_model():
+    output = output_of("08_troubleshooting", "kill_rank_after_epoch(restarted")
+    report = output_of("08_troubleshooting", "print(killer.report())")
+    assert "restarts: 1 " in report, report
+    assert "failed (exitcode: -9)" in output, output[-3000:]   # it was killed, by SIGKILL
+    assert [row["epoch"] for row in metrics_rows(built_run("ch08-restarted"), strict=True)] \
+        == [1, 2]   # each epoch once, although epoch 2 ran twice
+    reference, restarted = checkpoint("ch08-uninterrupted"), checkpoint("ch08-restarted")
+    assert reference["epoch"] == restarted["epoch"] == 2
+    assert max_difference(reference["model"], restarted["model"]) == 0.0
+    # The optimizer too: SGD's momentum buffers came back from the checkpoint.
+    assert max(max_difference(a, b) for a, b in zip(momentum(reference), momentum(restarted))) == 0.0
+
+
+def test_a_rank_that_skips_a_collective_fails_with_the_groups_timeout():
+    output = output_of("08_troubleshooting", "rank_dependent_collective.py")
+    assert output.count("joined the group") == 2, output
+    # The rank that gives up last may see its partner's connection close instead of its own
+    # timeout, and either may fail first: the group's own 3 s timeout must be in the output.
+    assert "Timed out waiting 3000ms" in output, output
+    assert re.search(r"^LaunchError: .*exit code 1\b", output, re.MULTILINE), output
+
+
+def test_a_node_that_never_joins_fails_with_the_static_rendezvous_timeout():
+    output = output_of("08_troubleshooting", "ch08-lonely-node")
+    assert "LaunchError" in output and "1/2 clients joined" in output, output
+    # No worker was ever started: none wrote to the run's folder.
+    assert not (BUILT_SOURCES / "runs" / "ch08-lonely-node" / "metrics.jsonl").exists()
+
+
+# Chapter 11: FSDP -----------------------------------------------------------------------------
+def test_fsdp_equals_ddp_in_float64():
+    fsdp, ddp = checkpoint("ch11-fsdp"), checkpoint("ch11-ddp")
+    assert fsdp["model"]["fc3.weight"].dtype == torch.float64
+    assert max_difference(fsdp["model"], ddp["model"]) < 1e-12
+    assert moved_from_the_start(fsdp, torch.float64) > 1e-3
+
+
+def test_fsdp_metrics_what_each_rank_holds_and_its_checkpoints():
+    out = built_run("ch11-fsdp")
+    row = metrics_rows(out, strict=True)[-1]
+    assert CONTRACT_KEYS | {"param_bytes_per_rank", "grad_bytes_per_rank",
+                            "optimizer_bytes_per_rank", "parameters"} <= row.keys()
+    assert row["strategy"] == "fsdp" and row["world_size"] == 2
+    assert row["global_batch_size"] == 2 * row["batch_size"]
+    # Each rank holds about half of every weight, of its gradient, of its momentum.
+    whole = row["parameters"] * 8   # float64
+    for key in ("param_bytes_per_rank", "grad_bytes_per_rank", "optimizer_bytes_per_rank"):
+        assert whole / 2 <= row[key] < whole / 2 * 1.1, (key, row[key], whole)
+    if row["device"] == "cpu":   # GPU figures only
+        assert row["max_memory_allocated"] is None and row["max_memory_reserved"] is None
+    # The sharded checkpoint: one file of shards per rank, and DCP's plan.
+    folder = out / SHARDED_CHECKPOINT
+    assert sorted(p.name for p in folder.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert (folder / ".metadata").exists()
+    # The whole model, for one process without a process group: plain tensors, as unsharded.
+    state = checkpoint("ch11-fsdp")
+    from ddp_scripts.common import build_model
+    model = build_model("cnn", dtype=torch.float64)
+    model.load_state_dict(state["model"])   # strict: every name and shape
+    torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9).load_state_dict(state["optimizer"])
+    assert all(type(t) is torch.Tensor for t in state["model"].values())
+
+
+def test_a_sharded_run_resumed_on_fewer_ranks_equals_an_uninterrupted_one():
+    """Saved by 2 ranks after epoch 1, resumed on 1: the 4-rank run's model, to rounding."""
+    output = output_of("11_fsdp", "nproc=4, out=FOUR")
+    assert "resuming after epoch 1" in output and "saved by 2 rank(s), loaded by 1" in output, output
+    rows = metrics_rows(built_run("ch11-two-then-one"), strict=True)
+    assert [(r["epoch"], r["world_size"]) for r in rows] == [(1, 2), (2, 1)]
+    assert rows[0]["global_batch_size"] == rows[1]["global_batch_size"]
+    resumed, straight = checkpoint("ch11-two-then-one"), checkpoint("ch11-four")
+    assert resumed["epoch"] == straight["epoch"] == 2
+    assert max_difference(resumed["model"], straight["model"]) < 1e-12
+    assert max(max_difference(a, b) for a, b in zip(momentum(resumed), momentum(straight))) < 1e-12
+
+
+# The whole build ------------------------------------------------------------------------------
+def test_the_build_left_no_process_behind():
+    """Every run a chapter started, failed, killed or timed out included, has ended."""
+    for copy in (BUILT_SOURCES, BUILT_SOURCES.with_name(BUILT_SOURCES.name + "-zh")):
+        assert processes_mentioning(f"{copy}/") == [], copy
