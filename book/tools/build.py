@@ -22,7 +22,7 @@ page names, and a page's link to the other edition is the same path on the other
    JUPYTERHUB_URL, when set, replaces launch_buttons.jupyterhub_url in the copy's _config.yml.
 2. pytest --nbmake --overwrite executes each notebook there once: the chapters whose
    measurements depend on how many cores they have one at a time, alone (ALONE, below); the
-   others two at a time, each on its own core, their pages saying so. A companion-script
+   others two at a time, sharing the cores, their pages saying so. A companion-script
    command both editions launch runs once, for the first, and is replayed for the second
    (RECORDS, below).
 3. The execution-times page is written from nbmake's timings, and the executed copies are
@@ -227,13 +227,12 @@ def set_jupyterhub_url(config_path, hub):
 # The chapters whose measurements depend on how many cores they have execute alone: no
 # other notebook shares the machine meanwhile. Chapter 2 measures the CPU's arithmetic and
 # copies with all its threads, chapter 7 compares one process with two and one thread with
-# two, chapter 8 shows a thread count that only more than one core can show, chapter 10
-# compares the levers' speeds and probes the CPU by threads. The others execute two at a
-# time, each on its own share of the cores (the same chapter of the two editions side by
-# side, when both are built). Their pages say so (TIMES_PAGE's beside_note): the speeds they
-# print (their training lines, a step time) are then a share's, not the machine's.
-ALONE = {"02_tensors_and_models", "07_experiment", "08_troubleshooting",
-         "10_keeping_the_gpu_busy"}
+# two, chapter 10 compares the levers' speeds and probes the CPU by threads. The others
+# execute two at a time, sharing every core: each sees the machine's cores (chapter 8's
+# thread counts need more than one), and the two notebooks' work interleaves on them. Their
+# pages say so (TIMES_PAGE's beside_note): the speeds they print (their training lines, a
+# step time) are then those of a shared machine.
+ALONE = {"02_tensors_and_models", "07_experiment", "10_keeping_the_gpu_busy"}
 SIDE_BY_SIDE = 2
 # Both editions' chapters launch the same companion-script commands: each is run once per
 # build, by the first edition that launches it, and replayed for the other from RUN_RECORDS
@@ -260,16 +259,16 @@ def execute(editions):
     queue = list(runs)
     lock = threading.Lock()
 
-    def lane(cores):
+    def lane():
         while True:
             with lock:
                 if not queue:
                     return
                 edition, notebooks, _, junit = queue.pop(0)
-            status = nbmake(edition, notebooks, junit, cores)
+            status = nbmake(edition, notebooks, junit)
             with lock:
                 statuses[edition.name] = max(statuses[edition.name], status)
-    lanes = [threading.Thread(target=lane, args=(cores,)) for cores in lane_cores()]
+    lanes = [threading.Thread(target=lane) for _ in range(lanes_for_this_machine())]
     for thread in lanes:
         thread.start()
     for thread in lanes:
@@ -308,23 +307,21 @@ def launches(notebook):
                for cell in cells if cell["cell_type"] == "code")
 
 
-def lane_cores():
-    """The cores of each side-by-side lane: its own share, so that the two notebooks' thread
-    pools do not spin against each other (the scripts size theirs to the cores they may use,
-    ddp_scripts/hardware.py:usable_cores). One lane, with every core, where there is one."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if len(cores) < SIDE_BY_SIDE:
-        return [None]
-    return [set(cores[lane::SIDE_BY_SIDE]) for lane in range(SIDE_BY_SIDE)]
+def lanes_for_this_machine():
+    """How many chapters execute side by side: SIDE_BY_SIDE, or one where there is one core.
+    The lanes are not pinned to cores of their own: pinned, a chapter's child processes
+    would see one core each (chapter 8's thread counts), and measured on two cores the
+    build took as long either way."""
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    return SIDE_BY_SIDE if len(cores) >= SIDE_BY_SIDE else 1
 
 
-def nbmake(edition, notebooks, junit, cores=None):
-    """nbmake over some notebooks of one edition's copy; on `cores` only, if given. Their
-    runs are recorded and replayed (RECORDS)."""
+def nbmake(edition, notebooks, junit):
+    """nbmake over some notebooks of one edition's copy. Their runs are recorded and
+    replayed (RECORDS)."""
     command = nbmake_command(edition.src, notebooks, junit)
     print(f"[{edition.name}] + " + " ".join(command), flush=True)
-    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-    return subprocess.run(command, cwd=edition.src, preexec_fn=pin,
+    return subprocess.run(command, cwd=edition.src,
                           env={**os.environ, "RUN_RECORDS": str(RECORDS)}).returncode
 
 
@@ -371,10 +368,10 @@ TIMES_PAGE = {
            "unknown": "an unrecorded machine",
            "ran": {"alone": "alone", "beside": "beside another chapter"},
            "beside_note": "```{note}\nThe build executed this page beside another chapter, "
-                          "each on its own share of the build machine's cores ({machine}): any "
-                          "speed it prints (samples/s) is that share's, not the whole "
-                          "machine's. The chapters whose measurements depend on how many "
-                          "cores they have execute alone.\n```"},
+                          "the two sharing the build machine's cores ({machine}): any speed "
+                          "it prints (samples/s) is that of a machine busy with other work "
+                          "too, not the machine's alone. The chapters whose measurements "
+                          "depend on how many cores they have execute alone.\n```"},
     "zh": {"title": "# 执行时间",
            "intro": "生成本网站的那次构建中，每一章从头到尾执行所用的时间：`make book` 用 "
                     "nbmake 把每个笔记本执行一遍，在构建机器（{machine}）上。测量结果取决于"
@@ -385,9 +382,9 @@ TIMES_PAGE = {
            "total": "合计：{total:.1f} s。",
            "unknown": "一台未记录的机器",
            "ran": {"alone": "单独", "beside": "与另一章同时"},
-           "beside_note": "```{note}\n构建本书时，这一页与另一章同时执行，两章各用构建机器"
-                          "（{machine}）的一部分核心：页面上打印的速度（samples/s）都是这部分核心的"
-                          "速度，不是整台机器的。测量结果取决于核心数量的各章单独执行。\n```"},
+           "beside_note": "```{note}\n构建本书时，这一页与另一章同时执行，两章共用构建机器"
+                          "（{machine}）的核心：页面上打印的速度（samples/s）是机器同时忙于别的工作时的"
+                          "速度，不是整台机器单独运行的速度。测量结果取决于核心数量的各章单独执行。\n```"},
 }
 
 
