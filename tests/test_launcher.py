@@ -146,6 +146,19 @@ def test_a_main_run_in_this_process_is_restored_after_and_replayed_too(records, 
     assert run_main(main, argv, env={"WHO": "me"}) == said and len(calls) == 2
 
 
+def test_each_main_run_in_this_process_starts_the_scripts_clock_again():
+    """A script reads its clock, START, when it is imported: in one process, once. Each run
+    of its main() counts its start-up from its own start, and START is put back after."""
+    import time
+    script = {"START": -1.0, "seen": []}
+    exec("def main():\n    seen.append(START)\n", script)
+    before = time.perf_counter()
+    run_main(script["main"], ["script.py"])
+    run_main(script["main"], ["script.py"])
+    first, second = script["seen"]
+    assert before <= first <= second and script["START"] == -1.0
+
+
 def test_a_run_that_a_fault_injector_watches_always_runs(records, monkeypatch):
     repository, runs = records
     out = repository / "runs" / "watched"
