@@ -82,6 +82,11 @@ def load_model_state(out):
     return torch.load(Path(out) / CHECKPOINT, map_location="cpu", weights_only=True)["model"]
 
 
+def momentum_buffers(state):
+    """SGD's momentum buffers in a checkpoint's optimizer state, in parameter order."""
+    return [s["momentum_buffer"] for _, s in sorted(state["optimizer"]["state"].items())]
+
+
 def max_difference(a, b):
     """Largest difference between two (nested) dicts of tensors and numbers."""
     if isinstance(a, dict):

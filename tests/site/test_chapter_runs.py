@@ -17,7 +17,7 @@ import torch
 from book_files import BUILT_SOURCES, MISSING_SITE, built_run, cell_source, load_notebook
 from ddp_scripts.mistakes.faults import processes_mentioning
 from ddp_scripts.runfiles import CHECKPOINT, SHARDED_CHECKPOINT, SUMMARY, metrics_rows
-from helpers import max_difference
+from helpers import max_difference, momentum_buffers
 
 CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_time_s",
                  "samples_per_s", "world_size", "device", "backend", "strategy"}
@@ -36,10 +36,6 @@ def output_of(chapter, code):
 
 def checkpoint(name):
     return torch.load(built_run(name) / CHECKPOINT, map_location="cpu", weights_only=True)
-
-
-def momentum(state):
-    return [s["momentum_buffer"] for _, s in sorted(state["optimizer"]["state"].items())]
 
 
 def moved_from_the_start(state, dtype):
@@ -109,7 +105,7 @@ def test_a_killed_rank_restarts_and_ends_with_the_uninterrupted_model():
     assert reference["epoch"] == restarted["epoch"] == 2
     assert max_difference(reference["model"], restarted["model"]) == 0.0
     # The optimizer too: SGD's momentum buffers came back from the checkpoint.
-    assert max(max_difference(a, b) for a, b in zip(momentum(reference), momentum(restarted))) == 0.0
+    assert max_difference(momentum_buffers(reference), momentum_buffers(restarted)) == 0.0
 
 
 def test_a_rank_that_skips_a_collective_fails_with_the_groups_timeout():
@@ -172,7 +168,7 @@ def test_a_sharded_run_resumed_on_fewer_ranks_equals_an_uninterrupted_one():
     resumed, straight = checkpoint("ch11-two-then-one"), checkpoint("ch11-four")
     assert resumed["epoch"] == straight["epoch"] == 2
     assert max_difference(resumed["model"], straight["model"]) < 1e-12
-    assert max(max_difference(a, b) for a, b in zip(momentum(resumed), momentum(straight))) < 1e-12
+    assert max_difference(momentum_buffers(resumed), momentum_buffers(straight)) < 1e-12
 
 
 # The whole build ------------------------------------------------------------------------------
