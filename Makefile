@@ -19,7 +19,7 @@ PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
 $(INSTALLED): requirements.txt book/tools/offline_assets.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -r requirements.txt
-	$(BIN)/python book/tools/offline_assets.py  # widgets, require.js, MathJax: pinned npm tarballs, once
+	$(BIN)/python -m book.tools assets  # widgets, require.js, MathJax: pinned npm tarballs, once
 	touch $@
 
 # The book is rebuilt only when one of its sources changed since the last build: a real
@@ -32,7 +32,7 @@ BOOK_SOURCES := _config.yml _toc.yml requirements.txt $(shell find notebooks ddp
 book: $(BOOK_STAMP)
 
 $(BOOK_STAMP): $(INSTALLED) $(BOOK_SOURCES)
-	$(BIN)/python book/tools/build.py
+	$(BIN)/python -m book.tools build
 	touch $@
 
 test: book
@@ -58,13 +58,13 @@ browser:
 BUDGET ?=
 GPU_CHECK_ARGS := $(if $(BUDGET),--budget $(BUDGET)) $(if $(DRY_RUN),--dry-run)
 gpu-check:
-	$(PYTHON) book/tools/gpu_check.py $(GPU_CHECK_ARGS)
+	$(PYTHON) -m book.tools gpu-check $(GPU_CHECK_ARGS)
 
 gpu-bundle:
-	$(PYTHON) book/tools/gpu_check.py --bundle $(if $(BUDGET),--budget $(BUDGET),--budget 540)
+	$(PYTHON) -m book.tools gpu-check --bundle $(if $(BUDGET),--budget $(BUDGET),--budget 540)
 
 student-copies: $(INSTALLED)
-	$(BIN)/python book/tools/student_copies.py
+	$(BIN)/python -m book.tools student-copies
 
 clean:
 	rm -rf _build runs

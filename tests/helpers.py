@@ -48,7 +48,6 @@ def run_in_process(script, *args):
     stdout, stderr = io.StringIO(), io.StringIO()
     saved = sys.argv, list(sys.path), torch.get_num_threads(), dict(os.environ)
     sys.argv = argv
-    sys.path.insert(0, str(SCRIPTS))  # as `python script` does; the script replaces it
     status = 0
     real_exit, test_process = os._exit, os.getpid()
 

@@ -1,6 +1,7 @@
 """The build's own tools: recorded GPU runs, outputs made ready for the page, the set-up cell's
 tag and the site's offline JavaScript (`make gpu-check`: tests/test_gpu_check.py). No site
 build is needed."""
+import ast
 import copy
 import json
 import re
@@ -12,11 +13,7 @@ import pytest
 
 from book_files import ROOT, cell_source, chapters, first_code_cell, load_notebook
 
-import build
-import gpu_recordings
-import offline_assets
-import page_outputs
-import sync_setup_cell
+from book.tools import build, gpu_recordings, offline_assets, page_outputs, sync_setup_cell
 
 CHAPTERS = chapters()
 RECORDINGS = gpu_recordings.load_recordings()
@@ -26,13 +23,60 @@ def stream(text, name="stdout"):
     return {"output_type": "stream", "name": name, "text": text}
 
 
+# --- one package, one command line -----------------------------------------------------------
+
+# Code that changes the import path: only the notebooks' set-up cell (a notebook opened
+# anywhere finds ddp_scripts with it) and the scripts run as files under torchrun (their
+# bootstrap, as in ddp_scripts/), never a tool or a test module.
+BOOTSTRAPS = {ROOT / "book" / "tools" / "setup_cell.py", ROOT / "tests" / "ranks_probe.py"}
+
+
+def changes_the_path(tree):
+    """Whether a module's code calls sys.path.insert/append/extend or assigns to sys.path[...]."""
+    def is_sys_path(node):
+        return (isinstance(node, ast.Attribute) and node.attr == "path"
+                and isinstance(node.value, ast.Name) and node.value.id == "sys")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("insert", "append", "extend") and is_sys_path(node.func.value)):
+            return True
+        if isinstance(node, (ast.Assign, ast.AugAssign)) and any(
+                isinstance(target, ast.Subscript) and is_sys_path(target.value)
+                for target in getattr(node, "targets", [getattr(node, "target", None)])):
+            return True
+    return False
+
+
+def test_no_tool_or_test_changes_the_import_path():
+    modules = sorted({*(ROOT / "book").rglob("*.py"), *(ROOT / "tests").rglob("*.py")} - BOOTSTRAPS)
+    found = [str(path.relative_to(ROOT)) for path in modules
+             if changes_the_path(ast.parse(path.read_text(encoding="utf-8")))]
+    assert len(modules) > 20 and not found, found
+    assert all(changes_the_path(ast.parse(path.read_text())) for path in BOOTSTRAPS)
+
+
+def test_the_command_line_runs_each_tool_and_refuses_an_unknown_command():
+    def tools(*args):
+        return subprocess.run([sys.executable, "-m", "book.tools", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+    listed = tools("--help")
+    assert listed.returncode == 0 and all(f"python -m book.tools {command}" in listed.stdout
+                                          for command in ("build", "check", "sync", "gpu-check"))
+    checked = tools("check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "in step" in checked.stdout   # the translations' part ran after the set-up cell's
+    unknown = tools("publish")
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
+    assert unknown.stderr.startswith("error: no command 'publish'")
+
+
 # --- the set-up cell ------------------------------------------------------------------------
 
 def test_setup_cell_is_collapsed_on_the_page_in_every_chapter():
     untagged = [path.name for path, _ in CHAPTERS if sync_setup_cell.SETUP_TAG not in
                 first_code_cell(load_notebook(path)).get("metadata", {}).get("tags", [])]
     assert not untagged, (f"set-up cell without the tag {sync_setup_cell.SETUP_TAG!r} in "
-                          f"{untagged}: run python book/tools/sync_setup_cell.py")
+                          f"{untagged}: run python -m book.tools setup-cell")
 
 
 def test_sync_tool_check_passes_on_the_committed_notebooks(capsys):
@@ -285,8 +329,8 @@ def test_config_loads_mathjax_and_widgets_from_the_offline_folders():
 
 def test_offline_packages_unpack_from_the_cache_with_their_files(tmp_path):
     absent = offline_assets.missing()
-    assert not absent, (f"not in {offline_assets.CACHE}: {absent}; `make book` (or python "
-                        "book/tools/offline_assets.py) fetches them once")
+    assert not absent, (f"not in {offline_assets.CACHE}: {absent}; `make book` (or "
+                        "python -m book.tools assets) fetches them once")
     assert offline_assets.install(tmp_path) == {n: v for n, (v, _, _) in
                                                 offline_assets.PACKAGES.items()}
     assert (tmp_path / "offline/mathjax/es5/tex-mml-chtml.js").exists()

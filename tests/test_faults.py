@@ -101,7 +101,6 @@ def test_crash_during_a_save_leaves_the_last_checkpoint_whole(tmp_path):
     before = (tmp_path / CHECKPOINT).read_bytes()
     crash = f"""
 import io, os, signal, sys, torch
-sys.path.insert(0, {str(ROOT)!r})
 from ddp_scripts import common
 real_save = torch.save
 
@@ -118,7 +117,7 @@ model = common.build_model(seed=1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 common.save_checkpoint({str(tmp_path)!r}, model, optimizer, 2, args)
 """
-    result = subprocess.run([sys.executable, "-c", crash], capture_output=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", crash], cwd=ROOT, capture_output=True, timeout=300)
     assert result.returncode == -signal.SIGKILL, result.stderr.decode()[-2000:]
     leftovers = list(tmp_path.glob(".checkpoint.pt.tmp*"))
     assert len(leftovers) == 1 and leftovers[0].stat().st_size > 0  # it did die mid-write
@@ -170,14 +169,13 @@ def test_a_stopped_notebook_leaves_no_process_behind(tmp_path, stop):
     driver = f"""
 import signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
-sys.path.insert(0, {str(ROOT)!r})
 from ddp_scripts.launcher import run_script
 run_script("train_ddp.py", nproc=2, out={str(out)!r}, timeout=600, progress=False,
            **{dict(RUN, epochs=100_000)!r})
 """
     log = tmp_path / "notebook.log"
     with open(log, "w") as sink:
-        process = subprocess.Popen([sys.executable, "-c", driver], stdout=sink,
+        process = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT, stdout=sink,
                                    stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300

@@ -30,11 +30,11 @@ def test_single_process_trains_on_cuda_and_its_checkpoint_loads_without_a_gpu(tm
     assert result.returncode == 0, result.stderr
     rows = metrics_rows(tmp_path, strict=True)
     assert rows[-1]["device"] == "cuda:0" and rows[-1]["train_loss"] < rows[0]["train_loss"]
-    loader = ("import sys, torch; sys.path.insert(0, sys.argv[1]);"
+    loader = ("import sys, torch;"
               "from ddp_scripts.common import load_checkpoint, build_model;"
               "assert not torch.cuda.is_available();"
-              "build_model().load_state_dict(load_checkpoint(sys.argv[2])['model']); print('ok')")
-    done = subprocess.run([sys.executable, "-c", loader, str(ROOT), str(tmp_path / CHECKPOINT)],
+              "build_model().load_state_dict(load_checkpoint(sys.argv[1])['model']); print('ok')")
+    done = subprocess.run([sys.executable, "-c", loader, str(tmp_path / CHECKPOINT)], cwd=ROOT,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

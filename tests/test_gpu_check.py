@@ -11,8 +11,7 @@ from pathlib import Path
 
 from book_files import ROOT, cell_source, load_notebook
 
-import gpu_check
-import gpu_recordings
+from book.tools import gpu_check, gpu_recordings
 
 RECORDINGS = gpu_recordings.load_recordings()
 H200 = next(r for r in RECORDINGS if r[0].name == "2026-11-30-h200")
@@ -26,8 +25,8 @@ def steps():
 
 
 def run_gpu_check(*args):
-    return subprocess.run([sys.executable, str(ROOT / "book" / "tools" / "gpu_check.py"),
-                           *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "book.tools", "gpu-check", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
 
 
 class Clock:
@@ -286,8 +285,8 @@ def test_a_recorded_notebook_writes_its_cells_and_conditions_at_once(tmp_path, m
 def test_the_micro_measurement_is_a_one_line_error_without_cuda():
     if gpu_check.describe_hardware()["cuda"]:
         return
-    result = subprocess.run([sys.executable, str(ROOT / "book" / "tools" / "gpu_micro.py"),
-                             "--out", "unused"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "book.tools.gpu_micro", "--out", "unused"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert not (ROOT / "unused").exists()
 

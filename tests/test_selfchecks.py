@@ -17,7 +17,7 @@ import pytest
 
 from book_files import ROOT, SETUP_CELL, cell_source, chapters, load_notebook
 
-import student_copies
+from book.tools import student_copies
 
 from notebooks.selfcheck import canonical, check, digest, is_right
 

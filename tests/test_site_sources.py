@@ -110,7 +110,7 @@ def test_first_code_cell_is_the_setup_cell(chapter):
     cell = first_code_cell(notebook)
     assert cell is not None and cell_source(cell).rstrip("\n") == SETUP_CELL.read_text().rstrip(
         "\n"), (f"{path.name}: the first code cell differs from book/tools/setup_cell.py "
-                "(python book/tools/sync_setup_cell.py copies it in)")
+                "(python -m book.tools setup-cell copies it in)")
 
 
 def test_chapter_ends_with_summary_and_exercises(chapter):

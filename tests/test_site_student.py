@@ -8,9 +8,9 @@ import pytest
 
 from book_files import ROOT, cell_source, chapters, load_notebook
 
-import student_copies
+from book.tools import student_copies
 
-TOOL = ROOT / "book" / "tools" / "student_copies.py"
+TOOL = [sys.executable, "-m", "book.tools", "student-copies"]
 CHAPTERS = [path for path, _ in chapters()]
 BOTH_EDITIONS = CHAPTERS + [path.parent / "zh" / path.name for path in CHAPTERS]
 
@@ -43,7 +43,7 @@ def handout(tmp_path_factory):
     if missing:
         pytest.fail(f"chapters listed in _toc.yml are missing: {missing}", pytrace=False)
     out = tmp_path_factory.mktemp("student")
-    result = subprocess.run([sys.executable, str(TOOL), "--out", str(out)],
+    result = subprocess.run([*TOOL, "--out", str(out)], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return out
@@ -107,8 +107,8 @@ def test_a_solution_sharing_its_cell_is_refused(tmp_path):
 def test_bad_input_is_one_line_and_exit_status_2(tmp_path):
     not_a_notebook = tmp_path / "notes.ipynb"
     not_a_notebook.write_text("this is not JSON")
-    result = subprocess.run([sys.executable, str(TOOL), "--out", str(tmp_path / "out"),
+    result = subprocess.run([*TOOL, "--out", str(tmp_path / "out"),
                              str(not_a_notebook), str(tmp_path / "missing.ipynb")],
-                            capture_output=True, text=True, timeout=60)
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1

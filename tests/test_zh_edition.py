@@ -14,7 +14,7 @@ import yaml
 
 from book_files import ROOT, cell_source, load_notebook, toc_entries
 
-import translations
+from book.tools import translations
 
 ZH_TOC = ROOT / "book" / "zh" / "_toc.yml"
 ENGLISH_PAGES = translations.english_pages()
@@ -70,7 +70,7 @@ def test_the_chinese_page_translates_the_english_page_as_it_is_now(english):
              else translations.page_problems)
     problems = check(english, translations.chinese_page(english))
     assert not problems, "\n".join(problems + [
-        "After translating, record it: python book/tools/translations.py accept PAGE"])
+        "After translating, record it: python -m book.tools translations accept PAGE"])
 
 
 def test_no_chinese_page_without_an_english_page():
@@ -78,7 +78,7 @@ def test_no_chinese_page_without_an_english_page():
 
 
 def test_the_command_line_check_agrees():
-    result = subprocess.run([sys.executable, "book/tools/translations.py", "check"], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "book.tools", "translations", "check"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "in step" in result.stdout
@@ -256,7 +256,7 @@ def test_check_names_a_planted_variant_with_its_page_cell_and_line(copies):
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     for args in (["accept", "notebooks/99_none.ipynb"], ["import", "notebooks/01_devices.ipynb",
                                                           str(tmp_path / "none.md")]):
-        result = subprocess.run([sys.executable, "book/tools/translations.py", *args], cwd=ROOT,
+        result = subprocess.run([sys.executable, "-m", "book.tools", "translations", *args], cwd=ROOT,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and result.stderr.startswith("error: "), result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
@@ -305,7 +305,7 @@ def test_no_chinese_line_is_broken_between_two_chinese_characters():
 
 # --- the site's two editions (book/extensions/editions.py) ---------------------------------
 
-import editions
+from book.extensions import editions
 
 
 @pytest.mark.parametrize("pagename, edition, link", [

@@ -1,9 +1,9 @@
 """Build the book: execute every notebook once, with nbmake, then render the HTML.
 
-    python book/tools/build.py                 # what `make book` runs
-    python book/tools/build.py --render-only   # re-render the notebooks executed last time
+    python -m book.tools build                 # what `make book` runs
+    python -m book.tools build --render-only   # re-render the notebooks executed last time
                                                # with the current front matter and config
-    python book/tools/build.py --edition zh    # one edition only (en or zh; both by default)
+    python -m book.tools build --edition zh    # one edition only (en or zh; both by default)
 
 The site has two editions (book/tools/translations.py keeps them in step): the English one
 at its root, _build/html, and the Chinese one (中文版) under _build/html/zh. Each is built
@@ -52,8 +52,7 @@ from pathlib import Path
 
 import yaml
 
-import offline_assets
-import page_outputs
+from book.tools import offline_assets, page_outputs
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "_build"
@@ -424,7 +423,6 @@ def say_it_ran_beside_another(notebook, note):
 
 def describe_machine():
     """The build machine, as the execution times were measured on it."""
-    sys.path.insert(0, str(ROOT))
     from ddp_scripts.hardware import describe_hardware
     return describe_hardware()["label"]
 
@@ -508,14 +506,14 @@ def build(editions, render_only):
     return max(statuses.values())
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--render-only", action="store_true",
                         help="skip execution: render the notebooks executed last time, with "
                              "the current front matter and configuration")
     parser.add_argument("--edition", choices=sorted(EDITIONS), action="append",
                         help="build this edition only (repeatable; default: every edition)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         jupyterhub_url()
         return build([EDITIONS[name] for name in args.edition or EDITIONS], args.render_only)

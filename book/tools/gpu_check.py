@@ -1,10 +1,10 @@
 """`make gpu-check`: validate the book on a GPU machine and record what its GPUs print, within a budget.
 
-    python3 book/tools/gpu_check.py --budget 540          # what fits in 540 s, then stop cleanly
-    python3 book/tools/gpu_check.py --budget 540          # again: continues where the last stopped
-    python3 book/tools/gpu_check.py --dry-run --budget 540   # the plan, with each step's estimate
-    python3 book/tools/gpu_check.py --only notebooks/01_devices.ipynb   # one notebook, no record
-    python3 book/tools/gpu_check.py --bundle --budget 540  # wheels for a machine without an index
+    python3 -m book.tools gpu-check --budget 540          # what fits in 540 s, then stop cleanly
+    python3 -m book.tools gpu-check --budget 540          # again: continues where the last stopped
+    python3 -m book.tools gpu-check --dry-run --budget 540   # the plan, with each step's estimate
+    python3 -m book.tools gpu-check --only notebooks/01_devices.ipynb   # one notebook, no record
+    python3 -m book.tools gpu-check --bundle --budget 540  # wheels for a machine without an index
 
 For a maintainer, or a lab with GPUs, with the interpreter that has the book's requirements
 (`PYTHON=python3 make gpu-check BUDGET=540`: no virtual environment is made, no site is built,
@@ -49,8 +49,7 @@ import tarfile
 import time
 from pathlib import Path
 
-import build
-import gpu_recordings
+from book.tools import build, gpu_recordings
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "_build" / "gpu-check"
@@ -246,7 +245,7 @@ def candidate_steps(hardware, recording, args, notebooks=None):
             [python, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-o", "addopts=",
              "-q", "-rs", "tests"])
         add("micro", 3, "where the GPU time goes (gpu_micro.py)", "micro",
-            [python, "book/tools/gpu_micro.py", "--out", "{out}", "--commit", "{commit}"])
+            [python, "-m", "book.tools.gpu_micro", "--out", "{out}", "--commit", "{commit}"])
         # ResNet-18 at the size of the last recording's run: at full size, three repeats of
         # it and its tuned rows take longer than one call's budget.
         for model, extra in (("cnn", ["--tuned"]),
@@ -279,7 +278,6 @@ def candidate_steps(hardware, recording, args, notebooks=None):
 def benchmark_work(extra):
     """The repeats, epochs and images of a full-size benchmark with these options, as
     benchmark.py's SIZES has them."""
-    sys.path.insert(0, str(ROOT))
     from ddp_scripts.benchmark import SIZES
     full = SIZES["full"]
     given = {flag: value for flag, value in zip(extra, extra[1:]) if flag.startswith("--")}
@@ -586,7 +584,7 @@ def bundle(budget_s, python="python3"):
     print("On the GPU machine, from the repository's root (with .gpu-wheels/ beside it):")
     print(f"{python} -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
           f"--upgrade --target /tmp/site .gpu-wheels/*.whl && PYTHONPATH=/tmp/site "
-          f"PYTHONUNBUFFERED=1 {python} book/tools/gpu_check.py{budget} --pack "
+          f"PYTHONUNBUFFERED=1 {python} -m book.tools gpu-check{budget} --pack "
           f"\"${{OUT:-_build}}/gpu-check.tgz\"")
     return 0
 

@@ -1,7 +1,7 @@
 """Where the GPU time goes for the book's CNN and ResNet-18: the scripts' data path, data kept on
 the GPU, and a CUDA-graph replay of the same training step (chapter 10's practical limit).
 
-    python book/tools/gpu_micro.py --out FOLDER     # FOLDER/micro.txt and FOLDER/micro.json
+    python -m book.tools.gpu_micro --out FOLDER     # FOLDER/micro.txt and FOLDER/micro.json
 
 Run by `make gpu-check` (book/tools/gpu_check.py), which records it with the notebooks; it needs
 a CUDA GPU and says so in one line elsewhere. Every row trains for real: SGD with momentum on
@@ -24,8 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 # (model, batch, timed steps (None: a whole pass), bf16 + channels_last, CUDA graph)
 ROWS = [("cnn", b, None, fast, graph) for b in (64, 512) for fast in (False, True)

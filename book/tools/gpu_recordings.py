@@ -5,12 +5,12 @@ GPU branch prints what it would show. A recorded run (results/gpu-runs/<date>-<h
 holds what those cells printed when the notebooks ran on a GPU machine: written by
 `make gpu-check` (book/tools/gpu_check.py) from the executed notebooks, never by hand.
 
-    python book/tools/gpu_recordings.py record EXECUTED_DIR OUT_DIR --results RESULTS.json...
+    python -m book.tools recordings record EXECUTED_DIR OUT_DIR --results RESULTS.json...
         --commit C   # OUT_DIR/cells.json from the executed notebooks, OUT_DIR/run.json labelled
                      # from the benchmark's results file (hardware, date), the results files
                      # copied beside them without terminal escape codes
-    python book/tools/gpu_recordings.py status   # every recording: current or stale, per cell
-    python book/tools/gpu_recordings.py conditions FOLDER --concurrent-notebooks 4 --source TEXT
+    python -m book.tools recordings status   # every recording: current or stale, per cell
+    python -m book.tools recordings conditions FOLDER --concurrent-notebooks 4 --source TEXT
                      # FOLDER/conditions.json for a recording made before gpu_check.py wrote one
 
 Which cells depend on a GPU is said once, in the committed notebooks, by cell tags:

@@ -1,7 +1,7 @@
 """The JavaScript the site needs, served from the site itself: widgets, require.js, MathJax.
 
-    python book/tools/offline_assets.py           # fetch the pinned packages (npm pack), once
-    python book/tools/offline_assets.py --check   # only say whether they are all there
+    python -m book.tools assets           # fetch the pinned packages (npm pack), once
+    python -m book.tools assets --check   # only say whether they are all there
 
 The built pages must render the same with no internet (an air-gapped lab server, a cluster's
 login node): chapter 1's device menu and chapter 7's run form need the Jupyter widgets'
@@ -132,8 +132,8 @@ def install(target):
         fetch()
     except (AssetError, OSError) as error:
         raise AssetError(f"the site's offline JavaScript is missing ({', '.join(missing())}) "
-                         f"and could not be fetched: {error}. Run `python "
-                         f"book/tools/offline_assets.py` once with access to the npm "
+                         f"and could not be fetched: {error}. Run `python -m "
+                         f"book.tools assets` once with access to the npm "
                          f"registry") from None
     versions = {}
     if Path(target).exists():

@@ -1,6 +1,6 @@
 """How much do the companion scripts and the launcher cost, against bare PyTorch?
 
-    python book/tools/overhead_benchmark.py --out results/overhead/<machine>.json
+    python -m book.tools.overhead_benchmark --out results/overhead/<machine>.json
 
 1. Training speed, at each batch size asked for: the samples/s of
    - a bare loop: the same CNN, batch, tensors and shuffle; no DataLoader, no logging;
@@ -24,8 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -71,8 +69,8 @@ def bare_loop_samples_per_s(samples, batch_size, threads, epochs, wrap_in_ddp=Fa
 
 
 def bare_loop_in_a_new_process(samples, batch_size, threads, epochs, wrap_in_ddp=False):
-    command = [sys.executable, __file__, "--bare-loop", "--out", "-", "--samples", str(samples),
-               "--batch-sizes", str(batch_size), "--threads", str(threads),
+    command = [sys.executable, "-m", "book.tools.overhead_benchmark", "--bare-loop", "--out", "-",
+               "--samples", str(samples), "--batch-sizes", str(batch_size), "--threads", str(threads),
                "--epochs", str(epochs), *(["--ddp"] if wrap_in_ddp else [])]
     return float(run_command(command, timeout=600, echo=lambda line: None)[-1])
 
@@ -134,7 +132,7 @@ def training_speeds(samples, batch_size, threads, epochs, repeats, work):
             "ratio_to_bare_loop": {name: v["median"] / bare for name, v in speeds.items()}}
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="results file (JSON) to write")
     parser.add_argument("--samples", type=int, default=8192)
@@ -148,7 +146,7 @@ def main():
     # One bare loop in this process, its samples/s printed: how the main run measures it.
     parser.add_argument("--bare-loop", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ddp", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.bare_loop:
         print(bare_loop_samples_per_s(args.samples, int(args.batch_sizes), args.threads,
                                       args.epochs, wrap_in_ddp=args.ddp))

@@ -22,7 +22,7 @@ import socket
 import sys
 from pathlib import Path
 
-import gpu_recordings
+from book.tools import gpu_recordings
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT_FIELDS = ("text/plain", "text/html", "text/markdown", "text/latex")

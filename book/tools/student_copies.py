@@ -1,9 +1,9 @@
 """Write student copies of the chapters: the notebooks without their solutions.
 
-    python book/tools/student_copies.py                   # every chapter -> _build/student/
+    python -m book.tools student-copies                   # every chapter -> _build/student/
                                                           # (the Chinese ones -> notebooks/zh/)
-    python book/tools/student_copies.py notebooks/05_distributed_data_parallel.ipynb
-    python book/tools/student_copies.py --out /tmp/handout
+    python -m book.tools student-copies notebooks/05_distributed_data_parallel.ipynb
+    python -m book.tools student-copies --out /tmp/handout
 
 Every solution in the book is a markdown cell of its own that is one {solution} block (the
 chapters' source tests hold them to that shape), so a copy drops those cells, and every

@@ -1,7 +1,7 @@
 """Make every chapter's first code cell the set-up cell, book/tools/setup_cell.py, word for word.
 
-    python book/tools/sync_setup_cell.py           # rewrite the notebooks that differ
-    python book/tools/sync_setup_cell.py --check   # only list them (exit status 1 if any)
+    python -m book.tools setup-cell           # rewrite the notebooks that differ
+    python -m book.tools setup-cell --check   # only list them (exit status 1 if any)
 
 Run it after changing setup_cell.py (the repository address, say). Only that one cell is
 touched; outputs stay as they were (the committed notebooks have none). The cell carries the

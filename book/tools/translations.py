@@ -1,11 +1,11 @@
 """The Chinese edition (中文版), kept in step with the English one.
 
-    python book/tools/translations.py check            # what is out of step (exit 1 if any)
-    python book/tools/translations.py check --diff     # ... and how the English changed
-    python book/tools/translations.py sync [PAGE ...]  # code cells and cell order from English
-    python book/tools/translations.py accept PAGE [ID ...]   # translation brought up to date
-    python book/tools/translations.py export PAGE      # English prose as blocks, to translate
-    python book/tools/translations.py import PAGE BLOCKS     # those blocks, translated, back in
+    python -m book.tools translations check            # what is out of step (exit 1 if any)
+    python -m book.tools translations check --diff     # ... and how the English changed
+    python -m book.tools translations sync [PAGE ...]  # code cells and cell order from English
+    python -m book.tools translations accept PAGE [ID ...]   # translation brought up to date
+    python -m book.tools translations export PAGE      # English prose as blocks, to translate
+    python -m book.tools translations import PAGE BLOCKS     # those blocks, translated, back in
 
 The Chinese pages are committed beside the English ones: a chapter notebooks/NN_x.ipynb has
 notebooks/zh/NN_x.ipynb, and a page book/x.md has book/zh/x.md. A Chinese notebook has the
@@ -178,7 +178,7 @@ def notebook_problems(english_path, chinese_path):
     problems = []
     if [c.get("id") for c in chinese["cells"]] != [c["id"] for c in english["cells"]]:
         problems.append(f"{name}: its cells are not the English notebook's cells in the "
-                        f"same order (run: python book/tools/translations.py sync)")
+                        f"same order (run: python -m book.tools translations sync)")
     for number, cell in enumerate(english["cells"], 1):
         zh = by_id.get(cell["id"])
         where = f"{name}, cell {number} (id {cell['id']})"
@@ -187,7 +187,7 @@ def notebook_problems(english_path, chinese_path):
         if cell["cell_type"] == "code":
             if source(zh) != source(cell):
                 problems.append(f"{where}: code differs from the English cell "
-                                f"(run: python book/tools/translations.py sync)")
+                                f"(run: python -m book.tools translations sync)")
             continue
         if recorded(zh) is None or recorded(zh) == "new":
             problems.append(f"{where}: not translated yet: “{first_words(source(cell))}”")
@@ -357,7 +357,7 @@ def page_problems(english_path, chinese_path):
     if len(chinese) != len(english):
         problems.append(f"{name}: {len(chinese)} marked sections for the English page's "
                         f"{len(english)} (a `% en: SHA` line before each; see "
-                        f"python book/tools/translations.py export {relative(english_path)})")
+                        f"python -m book.tools translations export {relative(english_path)})")
     for number, (section, (mark, zh)) in enumerate(zip(english, chinese), 1):
         where = f"{name}, section {number}"
         if mark == "new":
@@ -575,8 +575,8 @@ def main(argv=None):
             found = problems()
             print("\n".join(found) if found else "The Chinese edition is in step with the English.")
             if found and not args.diff:
-                print("How the English changed: python book/tools/translations.py check --diff; "
-                      "after translating: python book/tools/translations.py accept PAGE [ID ...]")
+                print("How the English changed: python -m book.tools translations check --diff; "
+                      "after translating: python -m book.tools translations accept PAGE [ID ...]")
             if args.diff:
                 for english in english_pages():
                     for diff in english_history(english, chinese_page(english)):

@@ -10,9 +10,7 @@ import pytest
 from book_files import (BUILT_SOURCES, HTML, ROOT, TIMINGS, Page, cell_source, chapters,
                         config, load_notebook, page_for, site_config, toc_entries)
 
-import build
-import gpu_recordings
-import offline_assets
+from book.tools import build, gpu_recordings, offline_assets
 
 CHAPTERS = chapters()
 CHAPTER_IDS = [path.stem for path, _ in CHAPTERS]
