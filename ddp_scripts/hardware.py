@@ -10,8 +10,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
-# nvidia-smi underlines the header of `topo -m` with terminal escape codes, even into a pipe.
-ESCAPE_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Terminal escape codes: nvidia-smi underlines the header of `topo -m` with them, even into a
+# pipe, and the benchmark's results keep its output as it came. ESCAPE_CODES finds them in
+# text; book/tools/gpu_recordings.py finds them as JSON writes them ("\u001b[...") with the
+# same sequence after that prefix.
+ESCAPE_SEQUENCE = r"\[[0-9;?]*[ -/]*[@-~]"
+ESCAPE_CODES = re.compile("\x1b" + ESCAPE_SEQUENCE)
 
 
 def cpu_name():
@@ -64,7 +68,10 @@ def describe_hardware(device=None):
 
 
 def hardware_label(machine):
-    """One line naming the hardware, e.g. '2 x NVIDIA TITAN Xp (NV2); Intel Xeon, 16 cores'."""
+    """One line naming the hardware, the one label of every result, e.g.
+    '2 x NVIDIA TITAN Xp (NV2); Intel Xeon, 16 cores; driver 535.104, torch 2.4.0, CUDA 12.1'
+    (a GPU machine's driver and library versions are part of what its numbers mean), or
+    'AMD EPYC, 2 cores, no GPU'."""
     cpu = machine["cpu"]
     cores = f"{cpu['usable_cores']} core{'s' if cpu['usable_cores'] != 1 else ''}"
     names = [gpu["name"] for gpu in machine["gpus"]]
@@ -74,7 +81,9 @@ def hardware_label(machine):
     links = sorted(set(machine["interconnect"].get("links", {}).values()))
     if links:
         gpus += f" ({'/'.join(links)})"
-    return f"{gpus}; {cpu['model']}, {cores}"
+    versions = [f"{what} {machine[key]}" for what, key in
+                (("driver", "driver"), ("torch", "torch"), ("CUDA", "cuda")) if machine.get(key)]
+    return "; ".join([gpus, f"{cpu['model']}, {cores}"] + ([", ".join(versions)] if versions else []))
 
 
 def gpu_interconnect(gpu_count):

@@ -195,5 +195,8 @@ def test_hardware_label_names_gpus_links_and_cores():
     two = {"cpu": cpu, "gpus": [{"name": "NVIDIA TITAN Xp"}] * 2,
            "interconnect": {"links": {"GPU0-GPU1": "PIX"}}}
     assert hardware_label(two) == "2 x NVIDIA TITAN Xp (PIX); Intel Xeon, 16 cores"
-    assert hardware_label({"cpu": cpu, "gpus": [], "interconnect": {}}) == (
+    versions = {**two, "driver": "535.104", "torch": "2.4.0", "cuda": "12.1"}
+    assert hardware_label(versions) == ("2 x NVIDIA TITAN Xp (PIX); Intel Xeon, 16 cores; "
+                                        "driver 535.104, torch 2.4.0, CUDA 12.1")
+    assert hardware_label({"cpu": cpu, "gpus": [], "interconnect": {}, "torch": "2.4.0"}) == (
         "Intel Xeon, 16 cores, no GPU")

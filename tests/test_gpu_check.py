@@ -12,6 +12,7 @@ from pathlib import Path
 from book_files import ROOT, cell_source, load_notebook
 
 from book.tools import gpu_check, gpu_recordings
+from ddp_scripts.hardware import hardware_label
 
 RECORDINGS = gpu_recordings.load_recordings()
 H200 = next(r for r in RECORDINGS if r[0].name == "2026-11-30-h200")
@@ -246,13 +247,18 @@ def test_the_conditions_of_the_earlier_run_come_from_its_own_files():
 
 
 def test_the_label_comes_from_the_results_file_as_gpu_check_writes_it():
+    """One label for every result (ddp_scripts/hardware.py): the recording's run.json has the
+    label of its benchmark results file's machine, as gpu_check.py labels a run it makes, so a
+    newer recording of the same hardware replaces this one on the pages."""
     run = gpu_recordings.run_from_results(H200[0] / "h200-full.json", "27a4f98")
-    assert run["hardware"] == ("1 x NVIDIA H200 (139.8 GiB), 16 CPU cores, driver 580.159.04, "
-                               "torch 2.11.0+cu130, CUDA 13.0")
+    assert run["hardware"] == ("1 x NVIDIA H200; Intel(R) Xeon(R) Processor, 16 cores; "
+                               "driver 580.159.04, torch 2.11.0+cu130, CUDA 13.0")
     assert (run["gpus"], run["date"]) == (1, "2026-11-30")
     assert json.loads((H200[0] / "run.json").read_text())["hardware"] == run["hardware"]
-    two = gpu_recordings.hardware_label([("NVIDIA H200", 139.8)] * 2, 32)
-    assert two == "2 x NVIDIA H200 (139.8 GiB), 32 CPU cores"
+    machine = json.loads((H200[0] / "h200-full.json").read_text())["hardware"]
+    assert run["hardware"] == hardware_label(machine)
+    if not gpu_check.describe_hardware()["cuda"]:   # this machine's label, the same function's
+        assert gpu_check.describe_hardware()["label"].endswith(", no GPU")
 
 
 def test_a_recorded_notebook_writes_its_cells_and_conditions_at_once(tmp_path, monkeypatch):

@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 from book.tools import build, gpu_recordings
+from ddp_scripts.hardware import describe_hardware as describe_machine
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "_build" / "gpu-check"
@@ -77,43 +78,14 @@ PLATFORMS = ["manylinux_2_17_x86_64", "manylinux_2_27_x86_64", "manylinux_2_28_x
 # --- the machine --------------------------------------------------------------------------
 
 def describe_hardware():
-    """{'cuda', 'gpus', 'cores', 'slug', 'label', ...}; the label as gpu_recordings writes it."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count() or 1, "cuda": False, "gpus": [],
-            "memory_gib": [], "torch": None, "cuda_version": None, "driver": None}
-    try:
-        import torch
-        info["torch"] = torch.__version__
-        info["cuda_version"] = torch.version.cuda
-        if torch.cuda.is_available():
-            info["cuda"] = True
-            for i in range(torch.cuda.device_count()):
-                props = torch.cuda.get_device_properties(i)
-                info["gpus"].append(props.name)
-                info["memory_gib"].append(round(props.total_memory / 2**30, 1))
-    except ImportError:
-        pass
-    if info["cuda"] and shutil.which("nvidia-smi"):
-        result = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
-                                 "--format=csv,noheader"], capture_output=True, text=True)
-        info["driver"] = (result.stdout.strip().splitlines() or [None])[0]
-    if info["gpus"]:
-        model = re.sub(r"^NVIDIA\s+", "", info["gpus"][0])
-        info["slug"] = f"{len(info['gpus'])}x-{slug(model)}"
-        info["label"] = gpu_recordings.hardware_label(
-            list(zip(info["gpus"], info["memory_gib"])), info["cores"], info["driver"],
-            info["torch"], info["cuda_version"])
-    else:
-        info["slug"] = f"cpu-{info['cores']}core"
-        info["label"] = f"{info['cores']} CPU cores ({cpu}), no CUDA GPU, torch {info['torch']}"
-    return info
+    """This machine as ddp_scripts/hardware.py describes every result's machine (its label is
+    the recordings' label), with what the plan needs: cuda, cores and the folder's slug."""
+    machine = describe_machine()
+    names = [gpu["name"] for gpu in machine["gpus"]]
+    machine["cuda"], machine["cores"] = bool(names), machine["cpu"]["logical_cores"]
+    model = re.sub(r"^NVIDIA\s+", "", names[0]) if names else None
+    machine["slug"] = f"{len(names)}x-{slug(model)}" if names else f"cpu-{machine['cores']}core"
+    return machine
 
 
 def slug(text):

@@ -40,6 +40,8 @@ import re
 import sys
 from pathlib import Path
 
+from ddp_scripts import hardware
+
 ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = ROOT / "results" / "gpu-runs"
 CELLS_FILE = "cells.json"
@@ -48,7 +50,6 @@ CONDITIONS_FILE = "conditions.json"
 GPU_TAG = "gpu-output"
 MULTI_GPU_TAG = "multi-gpu"
 MARKER = "gpu_recording"     # metadata key of the outputs this module adds to a cell
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
 def source_of(cell):
@@ -119,7 +120,7 @@ def record(executed_dir, committed_dir=ROOT / "notebooks", names=None):
     return cells
 
 
-ESCAPED_ANSI = re.compile(r"\\u001b\[[0-9;?]*[ -/]*[@-~]")
+ESCAPED_CODES = re.compile(r"\\u001b" + hardware.ESCAPE_SEQUENCE)   # as JSON writes them
 
 
 def clean_results_file(source, target):
@@ -130,7 +131,7 @@ def clean_results_file(source, target):
     Returns how many escape codes were removed.
     """
     text = Path(source).read_text(encoding="utf-8")
-    cleaned, count = ESCAPED_ANSI.subn("", text)
+    cleaned, count = ESCAPED_CODES.subn("", text)
     Path(target).write_text(cleaned, encoding="utf-8")
     return count
 
@@ -186,29 +187,12 @@ def notebook_conditions(run, name):
     return loaded, concurrent, before, after, cores
 
 
-def hardware_label(gpus, cores, driver=None, torch=None, cuda=None):
-    """'1 x NVIDIA H200 (139.8 GiB), 16 CPU cores, driver 580.159.04, torch 2.11.0, CUDA 13.0'.
-
-    gpus: [(name, memory in GiB)]. gpu_check.py labels a run it makes the same way, so a newer
-    recording of the same hardware replaces an older one on the pages.
-    """
-    names = sorted({(name, memory) for name, memory in gpus})
-    parts = [", ".join(f"{sum(1 for g in gpus if tuple(g) == n)} x {n[0]} ({n[1]:.1f} GiB)"
-                       for n in names) or "no GPU", f"{cores} CPU cores"]
-    parts += [f"{what} {value}" for what, value in
-              (("driver", driver), ("torch", torch), ("CUDA", cuda)) if value]
-    return ", ".join(parts)
-
-
 def run_from_results(results_file, commit, note=""):
     """run.json's contents from a benchmark results file: its hardware and the day it ran."""
     data = json.loads(Path(results_file).read_text(encoding="utf-8"))
-    hardware = data["hardware"]
-    gpus = [(g["name"], g["memory_gib"]) for g in hardware.get("gpus", [])]
-    cores = hardware.get("cpu", {}).get("logical_cores")
-    return {"hardware": hardware_label(gpus, cores, hardware.get("driver"),
-                                       hardware.get("torch"), hardware.get("cuda")),
-            "gpus": len(gpus), "date": data["created"][:10], "commit": commit, "note": note}
+    return {"hardware": hardware.hardware_label(data["hardware"]),
+            "gpus": len(data["hardware"]["gpus"]), "date": data["created"][:10],
+            "commit": commit, "note": note}
 
 
 def latest_per_hardware(recordings):
@@ -239,15 +223,16 @@ def newest_with(recordings, name, cell_id):
     newest of that hardware): what a page shows for one cell."""
     newest, newest_having = {}, {}
     for recording in sorted(recordings, key=lambda r: r[0].name):   # folders start with dates
-        hardware = recording[1]["hardware"]
-        newest[hardware] = recording
+        machine = recording[1]["hardware"]
+        newest[machine] = recording
         if cell_id in recording[2].get(name, {}):
-            newest_having[hardware] = recording
-    return [newest_having.get(hardware, newest[hardware]) for hardware in newest]
+            newest_having[machine] = recording
+    return [newest_having.get(machine, newest[machine]) for machine in newest]
 
 
 def label(run):
-    """'1 x NVIDIA H200, 16 CPU cores; 2026-11-30; commit 27a4f98'."""
+    """'1 x NVIDIA H200; Intel(R) Xeon(R) Processor, 16 cores; driver 580.159.04, torch
+    2.11.0+cu130, CUDA 13.0; 2026-11-30; commit 27a4f98'."""
     return f"{run['hardware']}; {run['date']}; commit {run['commit']}"
 
 
@@ -306,11 +291,11 @@ def text_of(output):
     """What a reader sees of one output, as text (images and HTML handled by the caller)."""
     kind = output.get("output_type")
     if kind == "stream":
-        return ANSI.sub("", source_of({"source": output.get("text", "")}))
+        return hardware.ESCAPE_CODES.sub("", source_of({"source": output.get("text", "")}))
     if kind == "error":
-        return f"{output.get('ename')}: {ANSI.sub('', output.get('evalue', ''))}\n"
+        return f"{output.get('ename')}: {hardware.ESCAPE_CODES.sub('', output.get('evalue', ''))}\n"
     data = output.get("data", {})
-    return ANSI.sub("", source_of({"source": data.get("text/plain", "")})) + "\n"
+    return hardware.ESCAPE_CODES.sub("", source_of({"source": data.get("text/plain", "")})) + "\n"
 
 
 def outputs_html(outputs, language="en"):
