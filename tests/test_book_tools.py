@@ -176,8 +176,14 @@ def chapter_two_with_recording():
 
 
 def added_boxes(cell):
+    """The labels the recordings added to a cell (HTML)."""
     return [o["data"]["text/html"] for o in cell["outputs"]
-            if gpu_recordings.MARKER in o.get("metadata", {})]
+            if o.get("metadata", {}).get(gpu_recordings.MARKER) == "label"]
+
+
+def added_outputs(cell):
+    """The outputs the recordings added after their labels."""
+    return [o for o in cell["outputs"] if o.get("metadata", {}).get(gpu_recordings.MARKER) == "output"]
 
 
 def test_a_recorded_output_is_shown_current_and_labelled():
@@ -190,7 +196,14 @@ def test_a_recorded_output_is_shown_current_and_labelled():
     [shown] = added_boxes(cell)
     assert "gpu-recording-current" in shown and "Stale" not in shown
     assert recording[1]["date"] in shown and "commit 27a4f98" in shown and "H200" in shown
-    assert "pinned, .to(device)" in shown
+    # after the label, what the cell printed there: outputs of the cell that myst-nb renders,
+    # text as display data (a stream would be merged into the build machine's, above)
+    recorded = added_outputs(cell)
+    assert cell["outputs"].index(recorded[0]) == cell["outputs"].index(
+        next(o for o in cell["outputs"] if o.get("metadata", {}).get(gpu_recordings.MARKER))) + 1
+    assert all(o["output_type"] == "display_data" for o in recorded)
+    assert "pinned, .to(device)" in "".join(map(gpu_recordings.text_of, recorded))
+    assert "pinned, .to(device)" not in shown
 
 
 def test_a_changed_cell_is_detected_as_stale_on_the_page_and_in_the_build_output(tmp_path):

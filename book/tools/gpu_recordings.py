@@ -17,9 +17,11 @@ Which cells depend on a GPU is said once, in the committed notebooks, by cell ta
 `gpu-output` (its output differs on a GPU machine) and, with it, `multi-gpu` (what it shows
 needs two or more GPUs). A recording keeps, for each tagged cell (found by its cell id), a
 hash of the source that ran and the outputs as nbformat wrote them. At build time
-(book/tools/build.py) every tagged cell gets, after its own outputs, one labelled box per
-recording; a recording whose source hash differs from the cell's source now is marked stale
-on the page and in the build's output, never shown as current.
+(book/tools/build.py) every tagged cell gets, after its own outputs, per recording a labelled
+box and then the outputs recorded there, as outputs of the cell that myst-nb renders like the
+build machine's (figures, tables, text); a recording whose source hash differs from the
+cell's source now is marked stale on the page and in the build's output, never shown as
+current.
 
 How a recording was made goes with it, in its conditions.json: how many notebooks ran at once,
 the machine's cores, and each notebook's load average (1 min) before and after it ran. Every box
@@ -31,7 +33,6 @@ if the machine had been idle. Several recordings of the same hardware (several c
 the newest recording of that hardware that has it.
 """
 import argparse
-import base64
 import copy
 import hashlib
 import html
@@ -252,7 +253,6 @@ WORDS = {
         "none": "No GPU recording exists yet.",
         "none_multi": " No multi-GPU recording exists yet either.",
         "no_output": "(no output)",
-        "figure": "recorded figure",
         "loaded": "<strong>Recorded on a loaded machine</strong>: {how}. Its timings are not "
                   "those of an idle machine.",
         "alone": "Recorded with this notebook alone on the machine ({load}).",
@@ -275,7 +275,6 @@ WORDS = {
         "none": "还没有 GPU 记录。",
         "none_multi": "也还没有多 GPU 的记录。",
         "no_output": "（没有输出）",
-        "figure": "记录的图",
         "loaded": "<strong>记录时机器负载较重</strong>：{how}。其中的计时不是空闲机器上的结果。",
         "alone": "记录时机器上只运行着这一个笔记本（{load}）。",
         "concurrent": "当时有 {n} 个笔记本同时运行",
@@ -298,30 +297,18 @@ def text_of(output):
     return hardware.ESCAPE_CODES.sub("", source_of({"source": data.get("text/plain", "")})) + "\n"
 
 
-def outputs_html(outputs, language="en"):
-    parts, text = [], []
-
-    def flush():
-        if text:
-            parts.append(f"<pre>{html.escape(''.join(text))}</pre>")
-            text.clear()
-
-    for output in outputs:
-        data = output.get("data", {})
-        if "image/png" in data:
-            flush()
-            png = source_of({"source": data["image/png"]}).replace("\n", "")
-            base64.b64decode(png, validate=True)   # a record is data, never markup
-            alt = WORDS[language]["figure"]
-            parts.append(f'<img alt="{alt}" src="data:image/png;base64,{png}"/>')
-        elif "text/html" in data and "<table" in source_of({"source": data["text/html"]}):
-            flush()  # a DataFrame, as pandas wrote it on the GPU machine
-            table = source_of({"source": data["text/html"]})
-            parts.append(f'<div class="gpu-recording-table">{table}</div>')
-        else:
-            text.append(text_of(output))
-    flush()
-    return "".join(parts) or f"<p><em>{WORDS[language]['no_output']}</em></p>"
+def page_output(output):
+    """One recorded output as an output of the page's cell, for myst-nb to render as it renders
+    the build machine's own: a figure or a table as it was, printed text as text. Text goes as
+    display data, not as a stream: myst-nb (nb_merge_streams) would otherwise merge it into
+    the build machine's stream of the same name, above the label."""
+    data = output.get("data", {})
+    table = "<table" in source_of({"source": data.get("text/html", "")})
+    if "image/png" in data or table:
+        data = {kind: data[kind] for kind in ("image/png", "text/html", "text/plain") if kind in data}
+    else:
+        data = {"text/plain": text_of(output)}
+    return {"output_type": "display_data", "metadata": {MARKER: "output"}, "data": data}
 
 
 def conditions_html(run, name, language="en"):
@@ -345,20 +332,29 @@ def conditions_html(run, name, language="en"):
 
 
 def box(run, entry, current_hash, multi_gpu, language="en", name=""):
-    """The HTML shown after a cell for one recorded run, and whether it is stale."""
+    """What one recording adds after a cell, and whether it is stale: its label (HTML: the
+    machine, how it ran there, current or stale), then what the cell printed there."""
     words = WORDS[language]
     title = html.escape(label(run))
     if entry is None:
         body = f'<p class="gpu-recording-label">{words["missing"].format(title=title)}</p>'
-        return f'<div class="gpu-recording gpu-recording-stale">{body}</div>', True
+        return [head(f'<div class="gpu-recording gpu-recording-stale">{body}</div>')], True
     stale = entry["source_sha256"] != current_hash
     said = words["stale" if stale else "current"].format(title=title)
-    head = f'<p class="gpu-recording-label">{said}</p>' + conditions_html(run, name, language)
+    shown = f'<p class="gpu-recording-label">{said}</p>' + conditions_html(run, name, language)
     if multi_gpu and run.get("gpus", 0) < 2:
-        head += f'<p class="gpu-recording-multi">{words["one_gpu"]}</p>'
+        shown += f'<p class="gpu-recording-multi">{words["one_gpu"]}</p>'
+    if not entry["outputs"]:
+        shown += f"<p><em>{words['no_output']}</em></p>"
     kind = "gpu-recording-stale" if stale else "gpu-recording-current"
-    shown = outputs_html(entry["outputs"], language)
-    return f'<div class="gpu-recording {kind}">{head}{shown}</div>', stale
+    return ([head(f'<div class="gpu-recording {kind}">{shown}</div>')]
+            + [page_output(output) for output in entry["outputs"]]), stale
+
+
+def head(shown):
+    """A recording's label as an output of the cell (HTML, and its words as plain text)."""
+    return {"output_type": "display_data", "metadata": {MARKER: "label"},
+            "data": {"text/html": shown, "text/plain": re.sub(r"<[^>]+>", " ", shown)}}
 
 
 def annotate(notebook, name, recordings, language="en"):
@@ -376,7 +372,7 @@ def annotate(notebook, name, recordings, language="en"):
         for folder, run, cells in newest_with(recordings, name, cell.get("id")):
             entry = cells.get(name, {}).get(cell.get("id"))
             shown, stale = box(run, entry, current, multi_gpu, language, name)
-            boxes.append(shown)
+            boxes += shown
             if stale:
                 why = "not recorded" if entry is None else "its code changed since"
                 stale_lines.append(f"stale GPU recording: {name} cell {cell.get('id')} in "
@@ -384,12 +380,8 @@ def annotate(notebook, name, recordings, language="en"):
         if not recordings:
             words = WORDS[language]
             note = words["none"] + (words["none_multi"] if multi_gpu else "")
-            boxes.append(f'<div class="gpu-recording gpu-recording-none"><p>{note}</p></div>')
-        for shown in boxes:
-            outputs.append({"output_type": "display_data", "metadata": {MARKER: True},
-                            "data": {"text/html": shown,
-                                     "text/plain": re.sub(r"<[^>]+>", " ", shown)}})
-        cell["outputs"] = outputs
+            boxes.append(head(f'<div class="gpu-recording gpu-recording-none"><p>{note}</p></div>'))
+        cell["outputs"] = outputs + boxes
     return stale_lines
 
 

@@ -289,9 +289,16 @@ def test_recorded_gpu_output_is_shown_beside_the_build_machine_output(page, serv
     open_page(page, f"{server}/notebooks/02_tensors_and_models.html")
     recorded = page.locator("article div.cell.tag_gpu-output div.gpu-recording")
     assert recorded.count() >= 10
-    box = page.locator("article div.gpu-recording:has-text('pinned, .to(device)')").first
-    box.scroll_into_view_if_needed()
-    text = box.inner_text()  # current or stale, the box names the machine and how it ran there
+    # After the build machine's output, the label, then what the cell printed there: outputs
+    # of the cell, rendered as the build's are, and marked by the label's border.
+    after_label = "div.cell_output > div.output:has(> div.gpu-recording) ~ div.output"
+    cell = page.locator(f"article div.cell.tag_gpu-output:has({after_label}"
+                        ":has-text('pinned, .to(device)'))").first
+    cell.scroll_into_view_if_needed()
+    text = cell.locator("div.gpu-recording").first.inner_text()  # current or stale, the label
     assert "H200" in text and ("Recorded on" in text or "Stale recording from" in text), text[:300]
     assert "4 notebooks ran at once" in text, text[:300]
-    box.screenshot(path=str(screenshots / "gpu-recording-ch02.png"))
+    shown = cell.locator(after_label).first
+    assert "pinned, .to(device)" in " ".join(cell.locator(after_label).all_inner_texts())
+    assert shown.evaluate("e => getComputedStyle(e).borderLeftWidth") == "4px"
+    cell.locator("div.cell_output").screenshot(path=str(screenshots / "gpu-recording-ch02.png"))

@@ -230,18 +230,18 @@ def test_setup_cell_is_collapsed_with_its_code_one_click_away(chapter_page):
 
 
 def recorded_text(entry):
-    """The first line a recorded cell printed, as it appears (escaped) in the page's HTML."""
+    """The first line a recorded cell printed, as a reader reads it (the page's HTML unescaped)."""
     for output in entry["outputs"]:
         data = output.get("data", {})
         if "image/png" in data:
             continue
         table = cell_source({"source": data.get("text/html", "")})
         if "<table" in table:   # shown as the table itself: its first cell
-            return re.search(r"<td>(.*?)</td>", table, re.S).group(1).strip()
+            return html.unescape(re.search(r"<td>(.*?)</td>", table, re.S).group(1).strip())
         text = gpu_recordings.text_of(output)
         for line in text.splitlines():
             if line.strip() and "<" not in line:
-                return html.escape(line.strip())
+                return line.strip()
     return None
 
 
@@ -263,7 +263,7 @@ def test_gpu_cells_show_the_recorded_gpu_output_labelled(path_number):
             current = entry and entry["source_sha256"] == gpu_recordings.source_hash(
                 cell_source(cell))
             if current and recorded_text(entry):
-                assert recorded_text(entry) in text, (path.name, cell["id"])
+                assert recorded_text(entry) in html.unescape(text), (path.name, cell["id"])
     stale = [c["id"] for c in cells for _, _, rec in recordings
              if (rec.get(path.name, {}).get(c["id"]) or {}).get("source_sha256")
              != gpu_recordings.source_hash(cell_source(c))]
