@@ -14,6 +14,7 @@ import pytest
 from book_files import ROOT, cell_source, chapters, first_code_cell, load_notebook
 
 from book.tools import build, gpu_recordings, offline_assets, page_outputs, sync_setup_cell
+from book.tools.notebooks import read_notebook, write_notebook
 
 CHAPTERS = chapters()
 RECORDINGS = gpu_recordings.load_recordings()
@@ -89,9 +90,9 @@ def test_sync_tool_restores_the_tag_and_keeps_the_file_layout(tmp_path, path_num
     original = path.read_text(encoding="utf-8")
     copy_path = tmp_path / path.name
     copy_path.write_text(original, encoding="utf-8")
-    notebook, write = sync_setup_cell.read_notebook(copy_path)
+    notebook = read_notebook(copy_path)
     first_code_cell(notebook)["metadata"]["tags"].remove(sync_setup_cell.SETUP_TAG)
-    write(notebook)
+    write_notebook(copy_path, notebook)
     assert copy_path.read_text(encoding="utf-8") != original
     assert sync_setup_cell.main(["--check", str(copy_path)]) == 1
     assert sync_setup_cell.main([str(copy_path)]) == 0
@@ -177,7 +178,7 @@ def chapter_two_with_recording():
 
 def added_boxes(cell):
     """The labels the recordings added to a cell (HTML)."""
-    return [o["data"]["text/html"] for o in cell["outputs"]
+    return [gpu_recordings.source_of({"source": o["data"]["text/html"]}) for o in cell["outputs"]
             if o.get("metadata", {}).get(gpu_recordings.MARKER) == "label"]
 
 

@@ -38,7 +38,6 @@ page names, and a page's link to the other edition is the same path on the other
    notebooks (the executed copies) get their numbered titles back.
 """
 import argparse
-import json
 import os
 import re
 import shutil
@@ -53,6 +52,7 @@ from pathlib import Path
 import yaml
 
 from book.tools import offline_assets, page_outputs
+from book.tools.notebooks import read_notebook, write_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "_build"
@@ -183,7 +183,7 @@ def prepare_for_the_book(notebook):
     - '# 5. Distributed data parallel' -> '# Distributed data parallel' in the first cell;
     - code cells tagged `solution` are collapsed (tag `hide-cell`), like the {solution}s.
     """
-    data = json.loads(notebook.read_text())
+    data = read_notebook(notebook)
     cells = data.get("cells", [])
     if cells and cells[0].get("cell_type") == "markdown":
         source = "".join(cells[0]["source"])
@@ -192,7 +192,7 @@ def prepare_for_the_book(notebook):
         tags = cell.get("metadata", {}).get("tags", [])
         if "solution" in tags and not {"hide-cell", "remove-cell"} & set(tags):
             cell["metadata"]["tags"] = [*tags, "hide-cell"]
-    notebook.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    write_notebook(notebook, data)
 
 
 def restore_titles(folder, committed_folder):
@@ -201,11 +201,11 @@ def restore_titles(folder, committed_folder):
         committed = committed_folder / notebook.name
         if not committed.exists():
             continue
-        title = json.loads(committed.read_text())["cells"][0]
-        data = json.loads(notebook.read_text())
+        title = read_notebook(committed)["cells"][0]
+        data = read_notebook(notebook)
         if data["cells"] and data["cells"][0].get("cell_type") == "markdown" == title["cell_type"]:
             data["cells"][0]["source"] = title["source"]
-            notebook.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+            write_notebook(notebook, data)
 
 
 def jupyterhub_url():
@@ -301,8 +301,8 @@ LAUNCH = re.compile(r"\b(run_script|run_command|Popen)\(")
 def launches(notebook):
     """How many calls that start a companion script a chapter's code makes: the measure of
     its length the side-by-side lanes are filled by (the starts are most of the time)."""
-    cells = json.loads(notebook.read_text())["cells"]
-    return sum(len(LAUNCH.findall("".join(cell["source"])))
+    cells = read_notebook(notebook)["cells"]
+    return sum(len(LAUNCH.findall(cell["source"]))
                for cell in cells if cell["cell_type"] == "code")
 
 
@@ -413,12 +413,12 @@ def write_execution_times(edition):
 
 def say_it_ran_beside_another(notebook, note):
     """The page of a chapter executed beside another says so, under its title."""
-    data = json.loads(notebook.read_text())
+    data = read_notebook(notebook)
     if any(cell.get("id") == "build-executed-beside" for cell in data["cells"]):
         return   # --render-only: said in the last build already
     data["cells"].insert(1, {"cell_type": "markdown", "id": "build-executed-beside",
                              "metadata": {}, "source": note})
-    notebook.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    write_notebook(notebook, data)
 
 
 def describe_machine():

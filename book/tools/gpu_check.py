@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 from book.tools import build, gpu_recordings
+from book.tools.notebooks import read_notebook
 from ddp_scripts.hardware import describe_hardware as describe_machine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,7 +172,7 @@ def committed_notebooks():
 
 def notebook_status(name, recording):
     """('stale' | 'unrecorded' | 'loaded' | 'current' | 'none', gpu-output cells) of a notebook."""
-    cells = gpu_recordings.gpu_cells(json.loads((ROOT / "notebooks" / name).read_text()))
+    cells = gpu_recordings.gpu_cells(read_notebook(ROOT / "notebooks" / name))
     if not cells:
         return "none", 0
     entries = recording[2].get(name, {}) if recording else {}

@@ -41,6 +41,7 @@ import re
 import sys
 from pathlib import Path
 
+from book.tools.notebooks import read_notebook
 from ddp_scripts import hardware
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,13 +101,13 @@ def record(executed_dir, committed_dir=ROOT / "notebooks", names=None):
     for committed in sorted(Path(committed_dir).glob("*.ipynb")):
         if names is not None and committed.name not in names:
             continue
-        wanted = gpu_cells(json.loads(committed.read_text()))
+        wanted = gpu_cells(read_notebook(committed))
         if not wanted:
             continue
         executed_path = Path(executed_dir) / committed.name
         if not executed_path.exists():
             continue
-        executed = {cell.get("id"): cell for cell in json.loads(executed_path.read_text())["cells"]}
+        executed = {cell.get("id"): cell for cell in read_notebook(executed_path)["cells"]}
         entries = {}
         for cell in wanted:
             ran = executed.get(cell.get("id"))
@@ -390,7 +391,7 @@ def status(recordings=None, committed_dir=ROOT / "notebooks"):
     recordings = load_recordings() if recordings is None else recordings
     lines, stale = [], 0
     for path in sorted(Path(committed_dir).glob("*.ipynb")):
-        notebook = json.loads(path.read_text())
+        notebook = read_notebook(path)
         for line in annotate(notebook, path.name, recordings):
             lines.append(line)
             stale += 1

@@ -15,7 +15,6 @@ The display tags (`hide-input`, `gpu-output`, `multi-gpu`) are taken from the co
 notebook, cell by cell id, so `build.py --render-only` shows a change of tags without running
 the notebooks again. Each change can be made again on the same copy (`build.py --render-only`) with the same result.
 """
-import json
 import os
 import re
 import socket
@@ -23,6 +22,7 @@ import sys
 from pathlib import Path
 
 from book.tools import gpu_recordings
+from book.tools.notebooks import read_notebook, write_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT_FIELDS = ("text/plain", "text/html", "text/markdown", "text/latex")
@@ -84,7 +84,7 @@ def sync_display_tags(notebook, committed):
     if not committed.exists():
         return
     tags = {cell.get("id"): cell.get("metadata", {}).get("tags", [])
-            for cell in json.loads(committed.read_text(encoding="utf-8"))["cells"]}
+            for cell in read_notebook(committed)["cells"]}
     for cell in notebook["cells"]:
         if cell.get("id") not in tags:
             continue
@@ -106,15 +106,14 @@ def prepare(notebooks, build_copy=None, recordings_root=None, report=print,
     stale, shown = [], 0
     for path in notebooks:
         path = Path(path)
-        notebook = json.loads(path.read_text(encoding="utf-8"))
+        notebook = read_notebook(path)
         sync_display_tags(notebook, Path(committed_dir) / path.name)
         for cell in notebook["cells"]:
             if cell["cell_type"] == "code":
                 cell["outputs"] = scrub_outputs(cell.get("outputs", []), scrub)
         stale += gpu_recordings.annotate(notebook, path.name, recordings, language)
         shown += len(gpu_recordings.gpu_cells(notebook))
-        path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n",
-                        encoding="utf-8")
+        write_notebook(path, notebook)
     report(f"GPU recordings: {len(recordings)} recorded run(s) "
            f"({', '.join(run['date'] + ' ' + run['hardware'].split(',')[0] for _, run, _ in recordings) or 'none'}) "
            f"shown in {shown} gpu-output cells; {len(stale)} stale")

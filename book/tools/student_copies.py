@@ -22,6 +22,8 @@ from pathlib import Path
 
 import nbformat
 
+from book.tools.notebooks import read_notebook as read, write_notebook as write
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "_build" / "student"
 SOLUTION_CELL = re.compile(r"\A\s*(`{3,}|:{3,})\{solution\}")
@@ -68,7 +70,7 @@ def write_copies(notebooks, out, replace_all=False):
         if not path.is_file() or path.suffix != ".ipynb":
             raise UsageError(f"{path} is not a notebook file")
         try:
-            notebook = nbformat.read(path, as_version=4)
+            notebook = read(path)
         except (ValueError, UnicodeDecodeError, nbformat.reader.NotJSONError) as error:
             raise UsageError(f"{path} is not valid notebook JSON ({error})") from None
         try:
@@ -76,7 +78,7 @@ def write_copies(notebooks, out, replace_all=False):
         except UsageError as error:
             raise UsageError(f"{path.name}: {error}") from None
         target = target_for(out, path)
-        nbformat.write(copy, target)
+        write(target, copy)
         written.append(target)
     scripts = out / "ddp_scripts"
     if scripts.exists():

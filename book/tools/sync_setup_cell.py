@@ -10,27 +10,14 @@ the same plumbing at the top of every chapter. The file keeps its JSON layout (i
 escaped or plain non-ASCII characters), so a diff shows only the change.
 """
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from book.tools.notebooks import read_notebook, write_notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUP_CELL = ROOT / "book" / "tools" / "setup_cell.py"
 SETUP_TAG = "hide-input"
-
-
-def read_notebook(path):
-    """(notebook as a dict, a function that writes it back in the file's own JSON layout)."""
-    text = Path(path).read_text(encoding="utf-8")
-    notebook = json.loads(text)
-    layouts = [dict(indent=indent, ensure_ascii=ascii_only)
-               for indent in (1, 2) for ascii_only in (True, False)]
-    layout = next((lay for lay in layouts if json.dumps(notebook, **lay) + "\n" == text),
-                  dict(indent=1, ensure_ascii=False))   # nbformat's own
-
-    def write(data):
-        Path(path).write_text(json.dumps(data, **layout) + "\n", encoding="utf-8")
-    return notebook, write
 
 
 def setup_source():
@@ -53,7 +40,7 @@ def main(argv=None):
              + sorted((ROOT / "notebooks" / "zh").glob("*.ipynb")))   # both editions
     for path in map(Path, args.notebooks or every):
         try:
-            notebook, write = read_notebook(path)
+            notebook = read_notebook(path)
         except (OSError, ValueError) as error:
             print(f"error: cannot read {path}: {error}", file=sys.stderr)
             return 2
@@ -61,7 +48,7 @@ def main(argv=None):
         if cell is None:
             print(f"error: {path} has no code cell", file=sys.stderr)
             return 2
-        source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        source = cell["source"]
         tags = cell.setdefault("metadata", {}).get("tags", [])
         if source.rstrip("\n") == wanted and SETUP_TAG in tags:
             continue
@@ -71,7 +58,7 @@ def main(argv=None):
                 cell["source"] = wanted.splitlines(keepends=True)
             if SETUP_TAG not in tags:
                 cell["metadata"]["tags"] = [*tags, SETUP_TAG]
-            write(notebook)
+            write_notebook(path, notebook)
     for path in differing:
         print(f"{'differs' if args.check else 'updated'}: {path}")
     return 1 if (args.check and differing) else 0

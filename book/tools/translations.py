@@ -30,6 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from book.tools.notebooks import read_notebook as read, write_notebook as write
+
 ROOT = Path(__file__).resolve().parents[2]
 ZH = "zh"
 MARKER = re.compile(r"^% en: ([0-9a-f]{12}|new)\s*$")
@@ -140,15 +142,6 @@ def relative(path):
 
 
 # --- notebooks ----------------------------------------------------------------------------
-
-def read(path):
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def write(path, notebook):
-    Path(path).write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n",
-                          encoding="utf-8")
-
 
 def cell_ids(notebook, path):
     ids = [cell.get("id") for cell in notebook["cells"]]
