@@ -56,6 +56,19 @@ def test_no_tool_or_test_changes_the_import_path():
     assert all(changes_the_path(ast.parse(path.read_text())) for path in BOOTSTRAPS)
 
 
+def test_every_committed_notebook_is_in_nbformats_layout(tmp_path):
+    """What the tools write (book/tools/notebooks.py) is how the notebooks are committed, so a
+    tool that rewrites one changes only what it means to change."""
+    committed = sorted((ROOT / "notebooks").rglob("*.ipynb"))
+    differing = []
+    for path in committed:
+        rewritten = tmp_path / path.name
+        write_notebook(rewritten, read_notebook(path))
+        if rewritten.read_bytes() != path.read_bytes():
+            differing.append(str(path.relative_to(ROOT)))
+    assert len(committed) >= 22 and not differing, differing
+
+
 def test_the_command_line_runs_each_tool_and_refuses_an_unknown_command():
     def tools(*args):
         return subprocess.run([sys.executable, "-m", "book.tools", *args], cwd=ROOT,

@@ -186,8 +186,7 @@ def prepare_for_the_book(notebook):
     data = read_notebook(notebook)
     cells = data.get("cells", [])
     if cells and cells[0].get("cell_type") == "markdown":
-        source = "".join(cells[0]["source"])
-        cells[0]["source"] = NUMBERED_TITLE.sub(r"\1", source, count=1)
+        cells[0]["source"] = NUMBERED_TITLE.sub(r"\1", cells[0]["source"], count=1)
     for cell in cells:
         tags = cell.get("metadata", {}).get("tags", [])
         if "solution" in tags and not {"hide-cell", "remove-cell"} & set(tags):

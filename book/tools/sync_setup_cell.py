@@ -6,8 +6,8 @@
 Run it after changing setup_cell.py (the repository address, say). Only that one cell is
 touched; outputs stay as they were (the committed notebooks have none). The cell carries the
 tag `hide-input`: on the book's pages it is collapsed, its code one click away, since it is
-the same plumbing at the top of every chapter. The file keeps its JSON layout (indent,
-escaped or plain non-ASCII characters), so a diff shows only the change.
+the same plumbing at the top of every chapter. The notebook is written in nbformat's layout,
+as every committed notebook is (book/tools/notebooks.py), so a diff shows only the change.
 """
 import argparse
 import sys
