@@ -82,30 +82,58 @@ def browser():
         chromium.close()
 
 
-@pytest.fixture
-def page(browser):
-    """A fresh tab; JavaScript errors on the page are collected in page.errors.
-
-    Requests that leave the local server (a CDN's MathJax, say) are refused, and listed in
-    page.blocked: the tests check the site as built, offline and the same every time. Local
-    requests that fail (a missing font, say) are listed in page.failed.
-    """
+@pytest.fixture(scope="session")
+def browsing(browser):
+    """One browser context for the whole run, so that the theme's scripts and styles, the same
+    on every page, are fetched and compiled once (each page load took 2-4 s with a cold cache)."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
+    yield context
+    context.close()
+
+
+def new_tab(context):
+    """A tab that refuses requests that leave the local server (a CDN's MathJax, say), and
+    lists them in tab.blocked: the tests check the site as built, offline and the same every
+    time. It also collects local requests that failed, a missing font say (tab.failed), and
+    JavaScript errors (tab.errors)."""
     tab = context.new_page()
-    tab.blocked, tab.failed = [], []   # requests to outside the site; local ones that failed
+    tab.blocked, tab.failed, tab.errors = [], [], []
 
     def refuse(route):
         tab.blocked.append(route.request.url)
         route.abort()
-    context.route(re.compile(r"^(?!http://127\.0\.0\.1[:/]).*"), refuse)
+    tab.route(re.compile(r"^(?!http://127\.0\.0\.1[:/]).*"), refuse)
     tab.on("response", lambda response: response.status >= 400
            and tab.failed.append(f"{response.status} {response.url}"))
-    tab.errors = []
     tab.on("pageerror", lambda error: str(error) in KNOWN_HARMLESS_ERRORS
            or tab.errors.append(str(error)))
     tab.set_default_timeout(15_000)
+    return tab
+
+
+@pytest.fixture
+def page(browsing):
+    """A fresh tab, for a test that clicks, types or moves to another page."""
+    tab = new_tab(browsing)
     yield tab
-    context.close()
+    tab.close()
+
+
+@pytest.fixture(scope="session")
+def opened(browsing, server):
+    """opened(path, width): the site's page at `path`, loaded once for every test that only
+    reads it (what it shows, where its boxes are) in a window `width` pixels wide."""
+    tabs = {}
+
+    def open_once(path, width=1280):
+        if (path, width) not in tabs:
+            tab = new_tab(browsing)
+            tab.set_viewport_size({"width": width, "height": 900})
+            tab.goto(f"{server}/{path}", wait_until="load")
+            tab.wait_for_selector("article.bd-article")
+            tabs[path, width] = tab
+        return tabs[path, width]
+    return open_once
 
 
 @pytest.fixture(scope="session")

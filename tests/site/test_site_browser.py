@@ -1,6 +1,8 @@
 """The built site in a real browser (headless Chromium): what a reader sees and clicks.
 
-Screenshots are kept in _build/screenshots/ for review.
+Screenshots are kept in _build/screenshots/ for review. The tests run on one pytest worker
+(one browser); a test that only reads a page shares it with the others that read it
+(`opened`), loaded once; one that clicks or moves on gets a tab of its own (`page`).
 """
 import re
 import subprocess
@@ -8,6 +10,8 @@ import subprocess
 import pytest
 
 from book_files import HTML, chapters, site_config, toc_entries
+
+pytestmark = pytest.mark.xdist_group("browser")
 
 CHAPTERS = chapters()
 CHAPTER_IDS = [path.stem for path, _ in CHAPTERS]
@@ -125,8 +129,8 @@ def test_execution_times_page_shows_a_row_per_chapter(page, server, screenshots,
 
 @pytest.mark.parametrize("edition", EDITIONS)
 @pytest.mark.parametrize("name", ["how-to-run", "instructor-guide", "cheat-sheet", "glossary"])
-def test_front_matter_page_renders(page, server, screenshots, name, edition):
-    open_page(page, f"{server}{EDITIONS[edition]}/book/{name}.html")
+def test_front_matter_page_renders(opened, screenshots, name, edition):
+    page = opened(f"{EDITIONS[edition]}/book/{name}.html".lstrip("/"))
     check_navigation(page)
     assert page.locator("article h1").first.is_visible()
     if name in ("how-to-run", "cheat-sheet"):
@@ -192,8 +196,8 @@ def test_chapter_1_menu_renders_offline(page, server, screenshots):
     assert not page.errors, page.errors
 
 
-def test_chapter_7_form_and_formulas_render_offline(page, server, screenshots):
-    open_page(page, f"{server}/notebooks/07_experiment.html")
+def test_chapter_7_form_and_formulas_render_offline(opened, screenshots):
+    page = opened("notebooks/07_experiment.html", width=1024)
     configs = page.locator("article .widget-select-multiple select").first
     configs.wait_for(state="visible")
     configs.locator("option", has_text="ddp").first.wait_for(state="attached")
@@ -220,17 +224,16 @@ def check_formulas(page):
 
 
 @pytest.mark.parametrize("name", ["book/intro", "book/instructor-guide"])
-def test_formulas_render_offline_on_the_front_matter(page, server, name):
-    open_page(page, f"{server}/{name}.html")
+def test_formulas_render_offline_on_the_front_matter(opened, name):
+    page = opened(f"{name}.html")
     check_formulas(page)
     assert not page.blocked, f"requests to outside the site: {page.blocked}"
     assert not page.failed, page.failed
 
 
 @pytest.mark.parametrize("width", [1280, 600])
-def test_one_search_box(page, server, width):
-    page.set_viewport_size({"width": width, "height": 900})
-    open_page(page, f"{server}/notebooks/02_tensors_and_models.html")
+def test_one_search_box(opened, width):
+    page = opened("notebooks/02_tensors_and_models.html", width=width)
     visible = page.evaluate(VISIBLE_SEARCH)
     assert len(visible) == 1, f"{width} px wide: {len(visible)} search controls: {visible}"
 
@@ -265,9 +268,8 @@ WIDE_TABLES = """() => Array.from(document.querySelectorAll('article div.cell_ou
 
 
 @pytest.mark.parametrize("stem", ["05_distributed_data_parallel", "07_experiment"])
-def test_printed_output_wraps_and_tables_scroll_in_their_own_box(page, server, stem):
-    page.set_viewport_size({"width": 1024, "height": 900})
-    open_page(page, f"{server}/notebooks/{stem}.html")
+def test_printed_output_wraps_and_tables_scroll_in_their_own_box(opened, stem):
+    page = opened(f"notebooks/{stem}.html", width=1024)
     assert page.evaluate(CUT_OFF) == [], "printed lines run past their box"
     tables = page.evaluate(WIDE_TABLES)
     assert tables, "no table on this page"
@@ -275,8 +277,8 @@ def test_printed_output_wraps_and_tables_scroll_in_their_own_box(page, server, s
     assert not unreachable, f"tables cut off, with no scroll bar: {unreachable}"
 
 
-def test_launcher_output_is_one_block_per_cell(page, server):
-    open_page(page, f"{server}/notebooks/05_distributed_data_parallel.html")
+def test_launcher_output_is_one_block_per_cell(opened):
+    page = opened("notebooks/05_distributed_data_parallel.html", width=1024)
     per_cell = page.evaluate("""() => Array.from(document.querySelectorAll('article div.cell'))
         .map(cell => cell.querySelectorAll(':scope > div.cell_output > div.output.stream').length)""")
     assert max(per_cell) >= 1
@@ -285,8 +287,8 @@ def test_launcher_output_is_one_block_per_cell(page, server):
     assert adjacent == 0, "consecutive stream outputs shown as separate boxes"
 
 
-def test_recorded_gpu_output_is_shown_beside_the_build_machine_output(page, server, screenshots):
-    open_page(page, f"{server}/notebooks/02_tensors_and_models.html")
+def test_recorded_gpu_output_is_shown_beside_the_build_machine_output(opened, screenshots):
+    page = opened("notebooks/02_tensors_and_models.html")
     recorded = page.locator("article div.cell.tag_gpu-output div.gpu-recording")
     assert recorded.count() >= 10
     # After the build machine's output, the label, then what the cell printed there: outputs
