@@ -1,8 +1,5 @@
 """The benchmark (ddp_scripts/benchmark.py): its plans, tables and refusals. Its runs end to end
 are checked in the runs chapters 7 and 10 make (tests/site/test_benchmark_runs.py)."""
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -12,14 +9,15 @@ from ddp_scripts.common import UsageError
 from ddp_scripts.hardware import (_first_line, hardware_label, parse_topology,
                                   visible_gpu_indices)
 from ddp_scripts.runfiles import METRICS
-from helpers import SCRIPTS
+from helpers import run_in_process
 
 NO_GPU = not torch.cuda.is_available()
 
 
-def benchmark(*args, timeout=300):
-    return subprocess.run([sys.executable, str(SCRIPTS / "benchmark.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
+def benchmark(*args):
+    """`python ddp_scripts/benchmark.py ARGS`, run inside this process (helpers.run_in_process:
+    the same exit status and output, without a new process's torch import)."""
+    return run_in_process("benchmark.py", *args)
 
 
 def test_an_existing_results_file_is_not_overwritten(tmp_path):
