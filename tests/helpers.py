@@ -26,12 +26,6 @@ shares_float64_runs = pytest.mark.xdist_group("float64_runs")
 SMALL = ["--dataset", "synthetic", "--train-samples", "512", "--test-samples", "128"]
 
 
-def run_python(script, *args, timeout=180):
-    """Run ddp_scripts/<script> as one process; returns the CompletedProcess (text)."""
-    return subprocess.run([sys.executable, str(SCRIPTS / script), *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def run_in_process(script, *args):
     """Run ddp_scripts/<script> as `python <script> ARGS` would, but inside this process.
 

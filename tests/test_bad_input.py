@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from ddp_scripts.launcher import LaunchError, run_script
-from helpers import SMALL, assert_one_line_error, run_in_process, run_python
+from helpers import SMALL, assert_one_line_error, run_in_process
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_cuda_without_a_gpu(tmp_path):
-    result = run_python("train_single.py", *SMALL, "--device", "cuda", "--out", tmp_path / "run")
+    result = run_in_process("train_single.py", *SMALL, "--device", "cuda", "--out", tmp_path / "run")
     assert_one_line_error(result, "no usable CUDA GPU")
     assert not (tmp_path / "run").exists()
 
@@ -118,7 +118,7 @@ def test_foreign_checkpoints(tmp_path):
 
 
 def test_ddp_script_outside_torchrun(tmp_path):
-    result = run_python("train_ddp.py", *SMALL, "--out", tmp_path / "run")
+    result = run_in_process("train_ddp.py", *SMALL, "--out", tmp_path / "run")
     assert_one_line_error(result, "start this script with torchrun")
 
 
