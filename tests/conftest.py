@@ -82,15 +82,6 @@ def browser():
         chromium.close()
 
 
-@pytest.fixture(scope="session")
-def browsing(browser):
-    """One browser context for the whole run, so that the theme's scripts and styles, the same
-    on every page, are fetched and compiled once (each page load took 2-4 s with a cold cache)."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    yield context
-    context.close()
-
-
 def new_tab(context):
     """A tab that refuses requests that leave the local server (a CDN's MathJax, say), and
     lists them in tab.blocked: the tests check the site as built, offline and the same every
@@ -112,28 +103,32 @@ def new_tab(context):
 
 
 @pytest.fixture
-def page(browsing):
-    """A fresh tab, for a test that clicks, types or moves to another page."""
-    tab = new_tab(browsing)
-    yield tab
-    tab.close()
+def page(browser):
+    """A fresh tab in a browser context of its own, for a test that clicks, types or moves
+    to another page."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    yield new_tab(context)
+    context.close()
 
 
 @pytest.fixture(scope="session")
-def opened(browsing, server):
-    """opened(path, width): the site's page at `path`, loaded once for every test that only
-    reads it (what it shows, where its boxes are) in a window `width` pixels wide."""
+def opened(browser, server):
+    """opened(path, width): the site's page at `path` in a window `width` pixels wide, loaded
+    once for every test that only reads it (what it shows, where its boxes are): a page load
+    took 2-4 s on two busy cores."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
     tabs = {}
 
     def open_once(path, width=1280):
         if (path, width) not in tabs:
-            tab = new_tab(browsing)
+            tab = new_tab(context)
             tab.set_viewport_size({"width": width, "height": 900})
             tab.goto(f"{server}/{path}", wait_until="load")
             tab.wait_for_selector("article.bd-article")
             tabs[path, width] = tab
         return tabs[path, width]
-    return open_once
+    yield open_once
+    context.close()
 
 
 @pytest.fixture(scope="session")
