@@ -109,6 +109,9 @@ def test_every_lever_off_trains_what_train_ddp_trains(runs):
 # Each option on the CPU: it trains, and what took effect is recorded
 # ---------------------------------------------------------------------------------------
 @shares_runs
+# Each test worker has one core of its own (tests/conftest.py), so the DataLoader warns that
+# two workers are more than it suggests; two are what the test asks for.
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 2 worker processes")
 @pytest.mark.parametrize("options, recorded", [
     (["--augment"], {"augment": True}),
     (["--workers", "2"], {"workers": 2}),
