@@ -36,11 +36,12 @@ def synced_batch_norm(x):
 
 def running_means_under_ddp(everything, rank, world_size):
     """Per-rank BatchNorm under DDP: are the running means the same on every rank after
-    training, and after one more forward through DDP in evaluation mode?"""
+    training, and after one more forward through DDP in evaluation mode? And which forwards
+    start with rank 0's buffers broadcast (broadcast_buffers=True)?"""
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(FEATURES, FEATURES), nn.BatchNorm1d(FEATURES)).double())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(3):   # broadcast_buffers=True: rank 0's buffers before every forward
+    for step in range(3):   # each forward after one that computed gradients: rank 0's buffers
         optimizer.zero_grad()
         model(everything[rank::world_size] + step).pow(2).mean().backward()
         optimizer.step()
@@ -49,9 +50,23 @@ def running_means_under_ddp(everything, rank, world_size):
     with torch.no_grad():
         model(everything[rank::world_size])   # broadcasts rank 0's, and updates nothing
     after_an_eval_forward = gather(model.module[1].running_mean.tolist())
+
+    # Make the ranks' buffers differ again, then see them as BatchNorm finds them at the start
+    # of the next two training forwards: equal on every rank only if DDP broadcast them first.
+    model.train()
+    with torch.no_grad():
+        model.module[1].running_mean += rank
+    seen = []
+    model.module[1].register_forward_pre_hook(lambda module, args: seen.append(
+        module.running_mean.tolist()))
+    for _ in range(2):
+        model(everything[rank::world_size]).pow(2).mean().backward()
+    broadcast = [all(m == means[0] for m in means) for means in map(gather, seen)]
     return {"equal_after_training": all(m == after_training[0] for m in after_training),
             "equal_after_an_eval_forward_through_ddp":
-                all(m == after_an_eval_forward[0] for m in after_an_eval_forward)}
+                all(m == after_an_eval_forward[0] for m in after_an_eval_forward),
+            "broadcast_first_training_forward_after_eval": broadcast[0],
+            "broadcast_next_training_forward": broadcast[1]}
 
 
 def demo(out):

@@ -68,6 +68,10 @@ def test_synchronised_batch_norm_uses_the_global_batch(practice):
     running = bn["ddp_running_means"]
     assert not running["equal_after_training"]  # each rank updated them in its last forward
     assert running["equal_after_an_eval_forward_through_ddp"]  # rank 0's, broadcast again
+    # A forward that follows one without gradients (the evaluation) starts without the
+    # broadcast; the one after a training forward starts with it.
+    assert not running["broadcast_first_training_forward_after_eval"]
+    assert running["broadcast_next_training_forward"]
 
 
 def test_unused_parameters_fail_then_find_unused_and_static_graph_train(practice):
