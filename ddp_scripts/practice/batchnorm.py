@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_scripts.practice.group import gather, main
+from ddp_scripts.practice.group import gather, main, same_on_every_rank
 
 GLOBAL_BATCH, FEATURES, EPS = 16, 3, 1e-5
 
@@ -45,11 +45,11 @@ def running_means_under_ddp(everything, rank, world_size):
         optimizer.zero_grad()
         model(everything[rank::world_size] + step).pow(2).mean().backward()
         optimizer.step()
-    after_training = gather(model.module[1].running_mean.tolist())
+    equal_after_training = same_on_every_rank(model.module[1].running_mean.tolist())
     model.eval()
     with torch.no_grad():
         model(everything[rank::world_size])   # broadcasts rank 0's, and updates nothing
-    after_an_eval_forward = gather(model.module[1].running_mean.tolist())
+    equal_after_an_eval_forward = same_on_every_rank(model.module[1].running_mean.tolist())
 
     # Make the ranks' buffers differ again, then see them as BatchNorm finds them at the start
     # of the next two training forwards: equal on every rank only if DDP broadcast them first.
@@ -61,12 +61,11 @@ def running_means_under_ddp(everything, rank, world_size):
         module.running_mean.tolist()))
     for _ in range(2):
         model(everything[rank::world_size]).pow(2).mean().backward()
-    broadcast = [all(m == means[0] for m in means) for means in map(gather, seen)]
-    return {"equal_after_training": all(m == after_training[0] for m in after_training),
-            "equal_after_an_eval_forward_through_ddp":
-                all(m == after_an_eval_forward[0] for m in after_an_eval_forward),
-            "broadcast_first_training_forward_after_eval": broadcast[0],
-            "broadcast_next_training_forward": broadcast[1]}
+    first, following = (same_on_every_rank(means) for means in seen)
+    return {"equal_after_training": equal_after_training,
+            "equal_after_an_eval_forward_through_ddp": equal_after_an_eval_forward,
+            "broadcast_first_training_forward_after_eval": first,
+            "broadcast_next_training_forward": following}
 
 
 def demo(out):

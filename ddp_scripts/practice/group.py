@@ -29,6 +29,12 @@ def gather(value):
     return values
 
 
+def same_on_every_rank(value):
+    """Whether every rank holds the same value (any picklable value)."""
+    values = gather(value)
+    return all(v == values[0] for v in values)
+
+
 def largest_difference(first, second):
     """The largest absolute difference between two lists of tensors (0.0 when equal)."""
     return max((a - b).abs().max().item() for a, b in zip(first, second))
