@@ -11,11 +11,8 @@ import subprocess
 from pathlib import Path
 
 # Terminal escape codes: nvidia-smi underlines the header of `topo -m` with them, even into a
-# pipe, and the benchmark's results keep its output as it came. ESCAPE_CODES finds them in
-# text; book/tools/gpu_recordings.py finds them as JSON writes them ("\u001b[...") with the
-# same sequence after that prefix.
-ESCAPE_SEQUENCE = r"\[[0-9;?]*[ -/]*[@-~]"
-ESCAPE_CODES = re.compile("\x1b" + ESCAPE_SEQUENCE)
+# pipe. They are taken out when it is read, so no results file and no page shows them.
+ESCAPE_CODES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
 def cpu_name():

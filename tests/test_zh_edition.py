@@ -63,12 +63,14 @@ def test_a_chinese_chapter_has_the_english_code_cells_character_for_character(en
     assert "widgets" not in zh.get("metadata", {})
 
 
+def problems_of(english, chinese):
+    return translations.compare(english, chinese)[0]
+
+
 @pytest.mark.parametrize("english", ENGLISH_PAGES, ids=PAGE_IDS)
 def test_the_chinese_page_translates_the_english_page_as_it_is_now(english):
     """Every prose cell or section translated, none out of date, no English sentence left."""
-    check = (translations.notebook_problems if english.suffix == ".ipynb"
-             else translations.page_problems)
-    problems = check(english, translations.chinese_page(english))
+    problems = problems_of(english, translations.chinese_page(english))
     assert not problems, "\n".join(problems + [
         "After translating, record it: python -m book.tools translations accept PAGE"])
 
@@ -97,35 +99,37 @@ def prose_cells(notebook):
 
 def test_a_changed_english_prose_cell_names_its_chinese_passage(copies):
     english, chinese, _, _ = copies
-    before = translations.notebook_problems(english, chinese)   # the edition's terms, if any
+    before = problems_of(english, chinese)   # the edition's terms, if any
     notebook = json.loads(english.read_text())
     number, cell = prose_cells(notebook)[3]
     cell["source"] = cell_source(cell) + "\nOne more English sentence, added later on."
     english.write_text(json.dumps(notebook))
     translated = [c for c in load_notebook(chinese)["cells"] if c["id"] == cell["id"]][0]
-    problems = [p for p in translations.notebook_problems(english, chinese) if p not in before]
+    problems = [p for p in problems_of(english, chinese) if p not in before]
     assert len(problems) == 1, problems
     assert f"cell {number} (id {cell['id']}): out of date" in problems[0]
     assert translations.first_words(cell_source(translated)) in problems[0]
-    translations.accept_notebook(english, chinese, [cell["id"]])
-    assert translations.notebook_problems(english, chinese) == before
+    diffs = list(translations.english_history(english, translations.compare(english, chinese)[1]))
+    assert len(diffs) == 1 and "+One more English sentence, added later on." in diffs[0], diffs
+    translations.accept(english, chinese, [cell["id"]])
+    assert problems_of(english, chinese) == before
 
 
 def test_a_changed_english_section_names_its_chinese_section(copies):
     _, _, english, chinese = copies
-    before = translations.page_problems(english, chinese)   # the edition's terms, if any
+    before = problems_of(english, chinese)   # the edition's terms, if any
     text = english.read_text()
     sections = translations.sections(text)
     english.write_text(text.replace(sections[2], sections[2] + "\n\nA new English paragraph."))
-    problems = [p for p in translations.page_problems(english, chinese) if p not in before]
+    problems = [p for p in problems_of(english, chinese) if p not in before]
     assert len(problems) == 1 and "section 3: out of date" in problems[0], problems
-    translations.accept_page(english, chinese, {3})
-    assert translations.page_problems(english, chinese) == before
+    translations.accept(english, chinese, ["3"])
+    assert problems_of(english, chinese) == before
 
 
 def test_changed_code_is_caught_and_sync_copies_it(copies):
     english, chinese, _, _ = copies
-    before = translations.notebook_problems(english, chinese)   # the edition's terms, if any
+    before = problems_of(english, chinese)   # the edition's terms, if any
     notebook = json.loads(english.read_text())
     code = next(cell for cell in notebook["cells"] if cell["cell_type"] == "code"
                 and "import" not in cell_source(cell))
@@ -134,11 +138,11 @@ def test_changed_code_is_caught_and_sync_copies_it(copies):
            "source": "A paragraph the Chinese edition has not seen."}
     notebook["cells"].insert(5, new)
     english.write_text(json.dumps(notebook))
-    problems = translations.notebook_problems(english, chinese)
+    problems = problems_of(english, chinese)
     assert any("code differs" in p for p in problems), problems
     assert any("not the English notebook's cells" in p for p in problems), problems
     translations.sync_notebook(english, chinese)
-    problems = translations.notebook_problems(english, chinese)
+    problems = problems_of(english, chinese)
     unnumbered = {re.sub(r"cell \d+ ", "cell ", p) for p in before}   # a cell moved down
     assert [p for p in problems if re.sub(r"cell \d+ ", "cell ", p) not in unnumbered] == [
         f"{translations.relative(chinese)}, cell 6 (id a-new-cell): not "
@@ -147,10 +151,11 @@ def test_changed_code_is_caught_and_sync_copies_it(copies):
 
 def test_a_changed_code_block_of_a_page_is_caught(copies):
     _, _, english, chinese = copies
-    text = english.read_text()
-    block = translations.fenced_blocks(text)[0]
-    english.write_text(text.replace(block, block.replace("\n", "\n# one more line\n", 1)))
-    problems = translations.page_problems(english, chinese)
+    lines = english.read_text().split("\n")
+    fence = next(n for n, (_, kind) in enumerate(translations.scan("\n".join(lines)))
+                 if kind == "code-fence")
+    english.write_text("\n".join(lines[:fence + 1] + ["# one more line"] + lines[fence + 1:]))
+    problems = problems_of(english, chinese)
     assert any("code blocks differ" in p for p in problems), problems
 
 
@@ -174,7 +179,7 @@ def test_a_translation_that_drops_a_link_or_a_heading_is_caught(copies):
                         if "{doc}" in cell_source(c) and "## " in cell_source(c))
     cell["source"] = re.sub(r"\{doc\}`[^`]*`", "", cell_source(cell).replace("## ", "", 1))
     chinese.write_text(json.dumps(notebook, ensure_ascii=False))
-    problems = translations.notebook_problems(english, chinese)
+    problems = problems_of(english, chinese)
     assert any(f"cell {number} " in p and "{doc} links for the English" in p
                for p in problems), problems
     assert any(f"cell {number} " in p and "headings for the English" in p
@@ -219,32 +224,34 @@ def test_a_variant_of_the_edition_s_terms_is_named(text, variant):
 
 def test_check_names_a_planted_variant_with_its_page_cell_and_line(copies):
     english, chinese, english_page, chinese_page = copies
-    before = translations.notebook_problems(english, chinese)
+    before = problems_of(english, chinese)
     notebook = json.loads(chinese.read_text())
     current = {c["id"]: translations.sha(cell_source(c))
                for c in json.loads(english.read_text())["cells"]}
     number, cell = next((n, c) for n, c in prose_cells(notebook)
-                        if translations.recorded(c) == current[c["id"]])   # translated, current
+                        if c["metadata"].get("translation") == {"en": current[c["id"]]})
     cell["source"] = cell_source(cell) + "\n\n修改之后要重启内核。"
     chinese.write_text(json.dumps(notebook, ensure_ascii=False))
-    problems = [p for p in translations.notebook_problems(english, chinese) if p not in before]
+    problems = [p for p in problems_of(english, chinese) if p not in before]
     line = cell_source(cell).count("\n") + 1
     assert problems == [f"{translations.relative(chinese)}, cell {number} (id {cell['id']}), "
                         f"line {line}: “内核”: write "
                         f"{dict((v.pattern, u) for v, _, u in translations.TERMS)['内核']}"]
     text = chinese_page.read_text(encoding="utf-8")
-    before = translations.page_problems(english_page, chinese_page)
+    before = problems_of(english_page, chinese_page)
     chinese_page.write_text(text + "\n只有 0 号进程写日志。\n", encoding="utf-8")
-    problems = [p for p in translations.page_problems(english_page, chinese_page)
+    problems = [p for p in problems_of(english_page, chinese_page)
                 if p not in before]
+    last = len(translations.sections(english_page.read_text(encoding="utf-8")))
+    line = len(text.splitlines()) + 2
     assert len(problems) == 1 and problems[0].startswith(
-        f"{translations.relative(chinese_page)}, line {len(text.splitlines()) + 2}: “0 号进程”")
+        f"{translations.relative(chinese_page)}, section {last}, line {line}: “0 号进程”"), problems
     assert chinese_page.read_text(encoding="utf-8").endswith("0 号进程写日志。\n")  # reports only
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path):
-    for args in (["accept", "notebooks/99_none.ipynb"], ["import", "notebooks/01_devices.ipynb",
-                                                          str(tmp_path / "none.md")]):
+def test_bad_input_is_one_line_and_exit_2():
+    for args in (["accept", "notebooks/99_none.ipynb"],
+                 ["accept", "book/intro.md", "one"]):   # a page's sections are numbered
         result = subprocess.run([sys.executable, "-m", "book.tools", "translations", *args], cwd=ROOT,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and result.stderr.startswith("error: "), result.stderr
@@ -279,6 +286,19 @@ def test_the_chinese_glossary_gives_every_english_term_with_its_chinese_term():
         "every entry's first term is Chinese")
 
 
+# Chinese characters and full-width punctuation: a line break between two of them is a space
+# on the page (HTML, and Jupyter's Markdown), which Chinese text does not have.
+CJK = "\u3000-\u303f\u4e00-\u9fff\uff00-\uffef"
+BROKEN_CHINESE_LINE = re.compile(rf"[{CJK}][ \t]*\n[ \t]*[{CJK}]")
+
+
+def broken_between_chinese_characters(text):
+    """Whether a line of prose (code left out) ends and the next begins with Chinese."""
+    prose = "\n".join(line if kind in ("text", "directive") else ""
+                      for line, kind in translations.scan(text))
+    return bool(BROKEN_CHINESE_LINE.search(prose))
+
+
 def test_no_chinese_line_is_broken_between_two_chinese_characters():
     """A line break inside Chinese text is a stray space on the page (and in Jupyter)."""
     broken = []
@@ -288,8 +308,8 @@ def test_no_chinese_line_is_broken_between_two_chinese_characters():
                   if c["cell_type"] == "markdown"] if chinese.suffix == ".ipynb"
                  else [chinese.read_text(encoding="utf-8")])
         broken += [f"{chinese.relative_to(ROOT)}: “{translations.first_words(text)}”"
-                   for text in texts if translations.join_chinese_lines(text) != text]
-    assert not broken, "join these lines (translations.join_chinese_lines):\n" + "\n".join(broken)
+                   for text in texts if broken_between_chinese_characters(text)]
+    assert not broken, "join the lines broken between Chinese characters:\n" + "\n".join(broken)
 
 
 # --- the site's two editions (book/extensions/editions.py) ---------------------------------
@@ -324,12 +344,12 @@ def test_the_chinese_launch_buttons_open_the_chinese_notebook():
     assert buttons[1]["buttons"][0]["url"] == download   # the executed copy: this page's own
 
 
-@pytest.mark.parametrize("text, joined", [
-    ("第一行，\n第二行。", "第一行，第二行。"),
-    ("在 GPU\n上训练。", "在 GPU\n上训练。"),                       # a space belongs there
-    ("```python\n# 中文\n# 注释\n```", "```python\n# 中文\n# 注释\n```"),   # code stays
-    ("```{literalinclude} x.py\n```\n\n第一行，\n第二行。", "```{literalinclude} x.py\n```\n\n第一行，第二行。"),
-    ("- 一项，\n  接着。\n- 另一项。", "- 一项，接着。\n- 另一项。"),
+@pytest.mark.parametrize("text, broken", [
+    ("第一行，\n第二行。", True),
+    ("在 GPU\n上训练。", False),                       # a space belongs there
+    ("```python\n# 中文\n# 注释\n```", False),        # code is not prose
+    ("```{literalinclude} x.py\n```\n\n第一行，\n第二行。", True),
+    ("- 一项，\n  接着。\n- 另一项。", True),
 ])
-def test_chinese_lines_are_joined_where_they_break_between_chinese_characters(text, joined):
-    assert translations.join_chinese_lines(text) == joined
+def test_a_line_broken_between_chinese_characters_is_found(text, broken):
+    assert broken_between_chinese_characters(text) == broken

@@ -1,66 +1,45 @@
-"""The book's two editions on one site: English at the site's root, Chinese under zh/.
+"""The book's two editions on one site: English at the root, Chinese under zh/ (Sphinx extension).
 
-A Sphinx extension, loaded by both builds (_config.yml, sphinx.local_extensions); the
-Chinese build sets `book_edition: zh` (book/zh/_config.yml). Both editions have the same
-pages under the same names (the Chinese chapter notebooks/zh/05_x.ipynb is staged as
-notebooks/05_x in its build copy, book/tools/build.py), so:
-
-- every page's header gets a link to the same page in the other edition (the template
-  edition-switch.html, placed before the theme's own header buttons);
-- on the Chinese edition the launch buttons (Colab, JupyterHub) open the Chinese notebook,
-  notebooks/zh/05_x.ipynb in the repository, not the English one its page name suggests.
+Both builds load it; the Chinese one sets `book_edition: zh`. The editions' pages have the same
+names (book/tools/build.py): each page links to its other edition, and the Chinese launch
+buttons open notebooks/zh/x.ipynb.
 """
 from pathlib import Path
 
 from sphinx.search import zh
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
-# edition -> (its language code, the name of the language in it, its folder on the site)
-EDITIONS = {"en": ("en", "English", ""), "zh": ("zh-CN", "中文", "zh/")}
-
-
-def other_edition(edition):
-    return "zh" if edition == "en" else "en"
+# edition -> the other edition: its language code, its language's name in it, its folder on the site
+OTHER = {"en": ("zh-CN", "中文", "zh/"), "zh": ("en", "English", "")}
 
 
 def switch_link(pagename, edition):
     """The relative address of `pagename` in the other edition, from `pagename` in this one."""
-    depth = pagename.count("/") + (1 if EDITIONS[edition][2] else 0)
-    return "../" * depth + EDITIONS[other_edition(edition)][2] + pagename + ".html"
+    up = pagename.count("/") + (edition == "zh")   # the Chinese site is one folder down
+    return "../" * up + OTHER[edition][2] + pagename + ".html"
 
 
 def add_switch_to_header(app, config):
-    if config.book_edition not in EDITIONS:
-        raise ValueError(f"book_edition must be one of {sorted(EDITIONS)}, "
-                         f"not {config.book_edition!r}")
-    config.templates_path = [*config.templates_path, str(TEMPLATES)]
-    options = dict(config.html_theme_options or {})
-    options["article_header_end"] = ["edition-switch.html", "article-header-buttons.html"]
-    config.html_theme_options = options
-
-
-def chinese_notebook(url, pagename):
-    """A launch URL for notebooks/x.ipynb, pointed at notebooks/zh/x.ipynb."""
-    folder, _, name = pagename.rpartition("/")
-    english = f"{folder}/{name}.ipynb" if folder else f"{name}.ipynb"
-    chinese = f"{folder}/zh/{name}.ipynb" if folder else f"zh/{name}.ipynb"
-    return url.replace(english, chinese)
+    if config.book_edition not in OTHER:
+        raise ValueError(f"book_edition must be one of {sorted(OTHER)}, not {config.book_edition!r}")
+    config.templates_path = [*config.templates_path, str(Path(__file__).with_name("templates"))]
+    header = ["edition-switch.html", "article-header-buttons.html"]   # the switch, then the theme's
+    config.html_theme_options = {**(config.html_theme_options or {}), "article_header_end": header}
 
 
 def retarget(buttons, pagename):
-    """The launch buttons' links (sphinx-book-theme's group labelled launch-buttons)."""
+    """The launch buttons' links (sphinx-book-theme's group launch-buttons) to notebooks/zh/."""
+    folder, _, name = pagename.rpartition("/")
     for group in buttons:
         if group.get("label") == "launch-buttons":
             for button in group.get("buttons", []):
                 if "url" in button:
-                    button["url"] = chinese_notebook(button["url"], pagename)
+                    button["url"] = button["url"].replace(f"{folder}/{name}.ipynb", f"{folder}/zh/{name}.ipynb")
 
 
 def link_other_edition(app, pagename, templatename, context, doctree):
-    edition = app.config.book_edition
-    language, name, _ = EDITIONS[other_edition(edition)]
-    context["edition_switch"] = {"href": switch_link(pagename, edition), "lang": language,
-                                 "text": name}
+    language, name, _ = OTHER[app.config.book_edition]
+    context["edition_switch"] = {"href": switch_link(pagename, app.config.book_edition),
+                                 "lang": language, "text": name}
 
 
 def launch_chinese_notebooks(app, pagename, templatename, context, doctree):
@@ -69,13 +48,8 @@ def launch_chinese_notebooks(app, pagename, templatename, context, doctree):
 
 
 class ChineseSearch(zh.SearchChinese):
-    """Sphinx's Chinese search index, with the Latin words it has met kept in a set.
-
-    Sphinx 7 keeps them in a list, which grows with every page, and looks every word up in
-    it: indexing the Chinese edition took about half of its render. Sphinx 8.1 made it a set
-    (sphinx-doc/sphinx#12995); jupyter-book 1.x stays on Sphinx 7. The same words are
-    indexed, each stemmed the same way.
-    """
+    """Sphinx 7's Chinese search, with the Latin words it has met in a set, not a list it looks
+    every word up in (half the Chinese render; Sphinx 8.1 does the same, sphinx-doc/sphinx#12995)."""
 
     def init(self, options):
         super().init(options)
@@ -90,7 +64,7 @@ class ChineseSearch(zh.SearchChinese):
 
 def setup(app):
     app.add_config_value("book_edition", "en", "html")
-    app.add_search_language(ChineseSearch)   # the Chinese edition's search index, quicker
+    app.add_search_language(ChineseSearch)
     app.connect("config-inited", add_switch_to_header)
     # Before the theme drops the header templates that render empty (priority 500).
     app.connect("html-page-context", link_other_edition, priority=400)

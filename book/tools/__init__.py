@@ -1,3 +1,5 @@
-"""The book's tooling: the build, the set-up cell, the Chinese edition kept in step, the
-student copies, recorded GPU runs and `make gpu-check`. One command line runs them all:
-python -m book.tools (book/tools/__main__.py)."""
+"""The book's tooling; its one command line is python -m book.tools (__main__.py)."""
+
+
+class ToolError(Exception):
+    """Bad input to a tool: said in one line, exit status 2 (__main__.py)."""

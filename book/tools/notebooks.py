@@ -1,11 +1,5 @@
-"""Every notebook the tooling reads or writes goes through here, on nbformat.
-
-read_notebook() gives a notebook as nbformat reads it (version 4: a cell's source and a
-stream's text as one string); write_notebook() writes it as Jupyter does (nbformat's layout:
-one-space indent, sorted keys, text as lists of lines). Every committed notebook is in that
-layout (tests/test_book_tools.py), so one that a tool rewrites differs only where the tool
-changed it.
-"""
+"""Every notebook the tooling reads or writes goes through here: nbformat 4, written in Jupyter's
+layout, as every notebook is committed, so a tool's rewrite differs only where it changed it."""
 import nbformat
 
 

@@ -1,0 +1,257 @@
+"""Recorded GPU runs (results/gpu-runs/) and the executed chapters made ready for the page
+(book/tools/gpu_recordings.py). `make gpu-check` itself: tests/test_gpu_check.py. No site
+build is needed."""
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from book_files import ROOT, cell_source, chapters, first_code_cell, load_notebook
+
+from book.tools import gpu_recordings, sync_setup_cell
+from ddp_scripts import hardware
+
+CHAPTERS = chapters()
+RECORDINGS = gpu_recordings.load_recordings()
+
+
+def stream(text, name="stdout"):
+    return {"output_type": "stream", "name": name, "text": text}
+
+
+# --- which cells depend on a GPU ----------------------------------------------------------
+
+def test_every_chapter_up_to_7_marks_its_gpu_dependent_cells():
+    for path, number in CHAPTERS:
+        cells = gpu_recordings.gpu_cells(load_notebook(path))
+        if number <= 7:
+            assert cells, f"{path.name}: no cell tagged {gpu_recordings.GPU_TAG}"
+
+
+def test_multi_gpu_cells_are_gpu_output_cells_with_ids():
+    for path, _ in CHAPTERS:
+        for cell in load_notebook(path)["cells"]:
+            tags = cell.get("metadata", {}).get("tags", [])
+            if gpu_recordings.MULTI_GPU_TAG in tags:
+                assert gpu_recordings.GPU_TAG in tags, (path.name, cell.get("id"))
+            if gpu_recordings.GPU_TAG in tags:
+                assert cell["cell_type"] == "code" and cell.get("id"), (path.name, cell)
+
+
+# --- the recorded runs ----------------------------------------------------------------------
+
+def test_recorded_runs_are_labelled_with_hardware_date_and_commit():
+    assert RECORDINGS, f"no recorded GPU run under {gpu_recordings.RECORDINGS}"
+    for folder, run, cells in RECORDINGS:
+        assert run["hardware"] and run["gpus"] >= 1, folder
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d", run["date"]), folder
+        assert re.fullmatch(r"[0-9a-f]{7,40}(-modified)?", run["commit"]), folder
+        assert folder.name.startswith(run["date"])
+        assert (folder / "README.md").exists(), folder
+        for name, entries in cells.items():
+            assert (ROOT / "notebooks" / name).exists(), f"{folder.name}: {name}"
+            for cell_id, entry in entries.items():
+                assert re.fullmatch(r"[0-9a-f]{64}", entry["source_sha256"]), cell_id
+
+
+def test_h200_recording_covers_every_gpu_cell_of_the_commit_it_ran():
+    folder, run, cells = next(r for r in RECORDINGS if r[0].name == "2026-11-30-h200")
+    assert run["commit"] == "27a4f98" and run["gpus"] == 1 and "H200" in run["hardware"]
+    recorded = {(name, cell_id) for name, entries in cells.items() for cell_id in entries}
+    assert len(recorded) >= 40
+    # chapter 2's pinned copy, as the H200 printed it (nothing typed in: from the notebook)
+    pinned = cells["02_tensors_and_models.ipynb"]["ch02-31"]["outputs"]
+    assert "pinned, .to(device)" in "".join(gpu_recordings.text_of(o) for o in pinned)
+
+
+def test_recorded_results_files_have_no_terminal_escape_codes():
+    """The benchmark's files; cells.json keeps the outputs as nbmake wrote them."""
+    for folder, _, _ in RECORDINGS:
+        results = [p for p in folder.glob("*.json")
+                   if p.name not in (gpu_recordings.CELLS_FILE, gpu_recordings.RUN_FILE)]
+        assert results, f"{folder}: no results files"
+        for path in results:
+            assert "\\u001b" not in path.read_text(encoding="utf-8"), path
+
+
+def test_nvidia_smis_escape_codes_never_reach_a_results_file(monkeypatch):
+    """Why gpu-check cleans no results file: hardware.py takes them out as it reads nvidia-smi."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(hardware, "_nvidia_smi", lambda arguments: "\x1b[4mGPU0\tCPU\x1b[0m\nGPU0\t X")
+    assert hardware.gpu_interconnect(1)["topology"] == "GPU0\tCPU\nGPU0\t X"
+
+
+def chapter_two_with_recording():
+    """Chapter 2 and the H200 recording, its cells ch02-31 and ch02-33 recorded as the code is
+    now (the recorded outputs kept), so the tests do not depend on the chapter's edits."""
+    path = ROOT / "notebooks" / "02_tensors_and_models.ipynb"
+    notebook = load_notebook(path)
+    folder, run, cells = next(r for r in RECORDINGS if r[0].name == "2026-11-30-h200")
+    cells = copy.deepcopy(cells)
+    for cell in notebook["cells"]:
+        if cell.get("id") in ("ch02-31", "ch02-33"):
+            cells["02_tensors_and_models.ipynb"][cell["id"]]["source_sha256"] = (
+                gpu_recordings.source_hash(cell_source(cell)))
+    return notebook, (folder, run, cells)
+
+
+def added_boxes(cell):
+    """The labels the recordings added to a cell (HTML)."""
+    return [gpu_recordings.source_of({"source": o["data"]["text/html"]}) for o in cell["outputs"]
+            if o.get("metadata", {}).get(gpu_recordings.MARKER) == "label"]
+
+
+def added_outputs(cell):
+    """The outputs the recordings added after their labels."""
+    return [o for o in cell["outputs"] if o.get("metadata", {}).get(gpu_recordings.MARKER) == "output"]
+
+
+def test_a_recorded_output_is_shown_current_and_labelled():
+    notebook, recording = chapter_two_with_recording()
+    cell = next(c for c in notebook["cells"] if c.get("id") == "ch02-31")
+    cell["outputs"] = [stream("Not measured here\n")]
+    stale = gpu_recordings.annotate(notebook, "02_tensors_and_models.ipynb", [recording])
+    assert not any("ch02-31" in line for line in stale)
+    assert cell["outputs"][0] == stream("Not measured here\n"), "the build's own output first"
+    [shown] = added_boxes(cell)
+    assert "gpu-recording-current" in shown and "Stale" not in shown
+    assert recording[1]["date"] in shown and "commit 27a4f98" in shown and "H200" in shown
+    # after the label, what the cell printed there: outputs of the cell that myst-nb renders,
+    # text as display data (a stream would be merged into the build machine's, above)
+    recorded = added_outputs(cell)
+    assert cell["outputs"].index(recorded[0]) == cell["outputs"].index(
+        next(o for o in cell["outputs"] if o.get("metadata", {}).get(gpu_recordings.MARKER))) + 1
+    assert all(o["output_type"] == "display_data" for o in recorded)
+    assert "pinned, .to(device)" in "".join(map(gpu_recordings.text_of, recorded))
+    assert "pinned, .to(device)" not in shown
+
+
+def test_a_changed_cell_is_detected_as_stale_on_the_page_and_in_the_build_output(tmp_path):
+    notebook, recording = chapter_two_with_recording()
+    cell = next(c for c in notebook["cells"] if c.get("id") == "ch02-31")
+    cell["source"] = cell_source(cell) + "\nprint('changed')"
+    executed = tmp_path / "02_tensors_and_models.ipynb"
+    executed.write_text(json.dumps(notebook))
+    printed = []
+    folder = tmp_path / "gpu-runs" / recording[0].name
+    folder.mkdir(parents=True)
+    gpu_recordings.write_json(folder / gpu_recordings.RUN_FILE, recording[1])
+    gpu_recordings.write_json(folder / gpu_recordings.CELLS_FILE, recording[2])
+    root = folder.parent
+    stale = gpu_recordings.prepare([executed], recordings_root=root, report=printed.append)
+    assert [line for line in stale if "ch02-31" in line] == [
+        f"stale GPU recording: 02_tensors_and_models.ipynb cell ch02-31 in "
+        f"results/gpu-runs/{recording[0].name} (its code changed since)"]
+    assert any(line.startswith("warning: stale GPU recording: 02_tensors_and_models.ipynb "
+                               "cell ch02-31") for line in printed), printed
+    cells = {c.get("id"): c for c in json.loads(executed.read_text())["cells"]}
+    shown = added_boxes(cells["ch02-31"])
+    assert len(shown) == 1 and "gpu-recording-stale" in shown[0]
+    assert "Stale recording" in shown[0] and "make gpu-check" in shown[0]
+    # the cells that did not change stay current
+    assert "gpu-recording-current" in added_boxes(cells["ch02-33"])[0]
+
+
+def test_a_cell_newer_than_the_recording_is_said_to_be_unrecorded():
+    notebook, (folder, run, cells) = chapter_two_with_recording()
+    cells = copy.deepcopy(cells)
+    del cells["02_tensors_and_models.ipynb"]["ch02-33"]
+    stale = gpu_recordings.annotate(notebook, "02_tensors_and_models.ipynb",
+                                    [(folder, run, cells)])
+    assert any("ch02-33" in line and "not recorded" in line for line in stale)
+    cell = next(c for c in notebook["cells"] if c.get("id") == "ch02-33")
+    assert "Not recorded on" in added_boxes(cell)[0]
+
+
+def test_multi_gpu_cells_say_no_multi_gpu_recording_exists():
+    notebook = load_notebook(ROOT / "notebooks" / "04_data_parallel.ipynb")
+    gpu_recordings.annotate(notebook, "04_data_parallel.ipynb", RECORDINGS)
+    for cell in gpu_recordings.gpu_cells(notebook):
+        multi = gpu_recordings.MULTI_GPU_TAG in cell["metadata"]["tags"]
+        text = " ".join(added_boxes(cell))
+        assert ("No multi-GPU recording exists yet" in text) == (
+            multi and not any(run["gpus"] >= 2 for _, run, _ in RECORDINGS)), cell["id"]
+
+
+def test_annotating_twice_gives_the_same_notebook():
+    notebook, recording = chapter_two_with_recording()
+    gpu_recordings.annotate(notebook, "02_tensors_and_models.ipynb", [recording])
+    once = copy.deepcopy(notebook)
+    gpu_recordings.annotate(notebook, "02_tensors_and_models.ipynb", [recording])
+    assert notebook == once
+
+
+def test_record_reads_tags_from_the_committed_notebooks_and_hashes_what_ran(tmp_path):
+    committed, executed = tmp_path / "committed", tmp_path / "executed"
+    committed.mkdir()
+    executed.mkdir()
+    cells = [{"cell_type": "code", "id": "a", "metadata": {"tags": ["gpu-output"]},
+              "source": "print(1)", "outputs": [], "execution_count": None},
+             {"cell_type": "code", "id": "b", "metadata": {}, "source": "print(2)",
+              "outputs": [], "execution_count": None}]
+    notebook = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (committed / "09_x.ipynb").write_text(json.dumps(notebook))
+    ran = copy.deepcopy(notebook)
+    for cell in ran["cells"]:
+        cell["metadata"] = {}
+        cell["outputs"] = [stream("on cuda:0\n"), stream("done\n")]
+    (executed / "09_x.ipynb").write_text(json.dumps(ran))
+    recorded = gpu_recordings.record(executed / "09_x.ipynb", committed / "09_x.ipynb")
+    assert list(recorded) == ["a"]
+    entry = recorded["a"]
+    assert entry["source_sha256"] == gpu_recordings.source_hash("print(1)\n")
+    assert entry["outputs"] == [stream("on cuda:0\ndone\n")]
+
+
+# --- outputs made ready for the page --------------------------------------------------------
+
+def test_consecutive_streams_of_one_name_merge_and_nothing_else_moves():
+    display = {"output_type": "display_data", "data": {"text/plain": "table"}, "metadata": {}}
+    outputs = [stream("a\n"), stream("b"), stream("c\n"), stream("warn\n", "stderr"),
+               stream("d\n"), display, stream("e\n")]
+    assert gpu_recordings.merge_streams(outputs) == [
+        stream("a\nbc\n"), stream("warn\n", "stderr"), stream("d\n"), display, stream("e\n")]
+    assert gpu_recordings.merge_streams(outputs[:1]) == outputs[:1]
+
+
+def test_build_machine_paths_and_name_are_taken_out_of_outputs(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_recordings.socket, "gethostname", lambda: "buildbox7.example.org")
+    copy_dir = tmp_path / "_build" / "src"
+    scrub = gpu_recordings.scrubber(copy_dir)
+    assert scrub("rank 0 on buildbox7, rank 1 on buildbox70") == "rank 0 on HOST, rank 1 on buildbox70"
+    venv = Path(sys.prefix)
+    traceback = (f"File {venv}/lib/python3.11/site-packages/torch/cuda/__init__.py:591, in f\n"
+                 f"saved {copy_dir}/runs/x.pt; home {Path.home()}/.cache/torch; "
+                 f"repo {ROOT}/data")
+    text = scrub(traceback)
+    assert "VENV/lib/python3.11/site-packages/torch/cuda/__init__.py:591" in text
+    assert "saved ./runs/x.pt" in text and "~/.cache/torch" in text and "repo ./data" in text
+    for private in {str(venv), str(venv.resolve()), str(ROOT), str(copy_dir)}:
+        assert private not in text
+    outputs = gpu_recordings.scrub_outputs(
+        [{"output_type": "error", "ename": "E", "evalue": f"at {ROOT}/x",
+          "traceback": [traceback]}], scrub)
+    assert str(ROOT) not in json.dumps(outputs)
+
+
+def test_display_tags_follow_the_committed_notebook(tmp_path):
+    committed = ROOT / "notebooks" / "01_devices.ipynb"
+    notebook = load_notebook(committed)
+    for cell in notebook["cells"]:
+        cell.get("metadata", {}).pop("tags", None)
+    gpu_recordings.sync_display_tags(notebook, committed)
+    assert sync_setup_cell.SETUP_TAG in first_code_cell(notebook)["metadata"]["tags"]
+    ids = [c["id"] for c in gpu_recordings.gpu_cells(load_notebook(committed))]
+    assert [c["id"] for c in gpu_recordings.gpu_cells(notebook)] == ids and ids
+
+
+def test_recordings_status_lists_the_stale_cells_and_exits_1_while_one_is():
+    stale = [line for path in sorted((ROOT / "notebooks").glob("*.ipynb"))
+             for line in gpu_recordings.annotate(load_notebook(path), path.name, RECORDINGS)]
+    assert all(line.startswith("stale GPU recording: ") for line in stale)
+    result = subprocess.run([sys.executable, "-m", "book.tools", "recordings", "status"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == (1 if stale else 0), result.stderr
+    assert result.stdout.splitlines() == [*stale, f"{len(RECORDINGS)} recording(s), {len(stale)} stale cell(s)"]
