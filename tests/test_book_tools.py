@@ -192,11 +192,22 @@ def test_the_lanes_take_the_longest_chapters_first_and_the_second_edition_in_rev
     assert [path.name for path in second] == [path.name for path in reversed(beside)]
 
 
-def test_two_chapters_execute_side_by_side_where_there_are_two_cores(monkeypatch):
-    monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
-    assert build.lanes_for_this_machine() == build.SIDE_BY_SIDE == 2
-    monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: {7}, raising=False)
-    assert build.lanes_for_this_machine() == 1   # one core: one chapter at a time
+def test_two_chapters_execute_side_by_side_where_there_are_two_cores(monkeypatch, tmp_path):
+    sizes = []
+
+    class Lanes(build.ThreadPoolExecutor):
+        def __init__(self, workers):
+            sizes.append(workers)
+            super().__init__(workers)
+    monkeypatch.setattr(build, "ThreadPoolExecutor", Lanes)
+    monkeypatch.setattr(build, "nbmake", lambda *run: 0)
+    monkeypatch.setattr(build, "describe_hardware", lambda: {"label": "a test machine"})
+    monkeypatch.setattr(build, "MACHINE", tmp_path / "machine.txt")
+    monkeypatch.setattr(build, "RECORDS", tmp_path / "records")
+    for cores in (3, 1):   # one core: one chapter at a time
+        monkeypatch.setattr(build, "usable_cores", lambda cores=cores: cores)
+        assert build.execute([fake_edition(tmp_path / str(cores), "en", ["01_a", "04_b"])]) == set()
+    assert sizes == [build.SIDE_BY_SIDE, 1] and build.SIDE_BY_SIDE == 2
 
 
 def fake_edition(tmp_path, name, chapters):
@@ -227,7 +238,7 @@ def test_every_notebook_executes_once_with_the_run_records_alone_ones_last(tmp_p
     monkeypatch.setattr(build, "describe_hardware", lambda: {"label": "a test machine"})
     monkeypatch.setattr(build, "MACHINE", tmp_path / "machine.txt")
     monkeypatch.setattr(build, "RECORDS", tmp_path / "records")
-    monkeypatch.setattr(build, "lanes_for_this_machine", lambda: 1)   # the order, one lane
+    monkeypatch.setattr(build, "usable_cores", lambda: 1)   # the order, one lane
     monkeypatch.setenv("RUN_RECORDS", "/somewhere/else")   # never the caller's records
     chapters = ["01_a", "02_tensors_and_models", "04_b", "07_experiment"]
     editions = [fake_edition(tmp_path, name, chapters) for name in ("en", "zh")]

@@ -232,8 +232,8 @@ def test_a_recorded_notebook_writes_its_cells_and_conditions_at_once(tmp_path, m
     step = {"key": f"notebook:{name}", "kind": "notebook", "command": ["true"], "estimate_s": 1}
     busy = lambda command: 5.0   # noqa: E731
     clock = Clock()
-    loads = iter([[0.3], [0.9]])
-    monkeypatch.setattr(gpu_check, "load_average", lambda: next(loads))
+    loads = iter([(0.3, 0.2, 0.1), (0.9, 0.4, 0.2)])
+    monkeypatch.setattr(gpu_check.os, "getloadavg", lambda: next(loads))
     state = gpu_check.run([step], GPU_MACHINE, folder, True, "abc1234", None, clock=clock,
                           execute=stand_in(clock, [], busy))
     cells = json.loads((folder / gpu_recordings.CELLS_FILE).read_text())
@@ -241,7 +241,8 @@ def test_a_recorded_notebook_writes_its_cells_and_conditions_at_once(tmp_path, m
         cell_source(cell))
     conditions = json.loads((folder / gpu_recordings.CONDITIONS_FILE).read_text())
     assert conditions["concurrent_notebooks"] == 1
-    assert conditions["notebooks"][name]["load_average_before"] == [0.3]
+    assert conditions["notebooks"][name]["load_average_before"] == [0.3, 0.2, 0.1]
+    assert conditions["notebooks"][name]["load_average_after"] == [0.9, 0.4, 0.2]
     run = json.loads((folder / gpu_recordings.RUN_FILE).read_text())
     assert (run["hardware"], run["gpus"], run["commit"]) == (GPU_MACHINE["label"], 1, "abc1234")
     assert gpu_recordings.load_recordings(tmp_path) == [(folder, dict(run, conditions=conditions), cells)]

@@ -353,3 +353,13 @@ def test_the_chinese_launch_buttons_open_the_chinese_notebook():
 ])
 def test_a_line_broken_between_chinese_characters_is_found(text, broken):
     assert broken_between_chinese_characters(text) == broken
+
+
+def test_both_editions_have_the_same_words_with_the_same_placeholders():
+    """What the tools write on the pages (book/words.yml, book/zh/words.yml): every entry in
+    both languages, each with the same {placeholders}."""
+    from book.tools import words
+    english, chinese = words("en"), words("zh")
+    assert english.keys() == chinese.keys()
+    for key in english:
+        assert re.findall(r"\{\w+", english[key]) == re.findall(r"\{\w+", chinese[key]), key

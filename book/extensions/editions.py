@@ -19,8 +19,6 @@ def switch_link(pagename, edition):
 
 
 def add_switch_to_header(app, config):
-    if config.book_edition not in OTHER:
-        raise ValueError(f"book_edition must be one of {sorted(OTHER)}, not {config.book_edition!r}")
     config.templates_path = [*config.templates_path, str(Path(__file__).with_name("templates"))]
     header = ["edition-switch.html", "article-header-buttons.html"]   # the switch, then the theme's
     config.html_theme_options = {**(config.html_theme_options or {}), "article_header_end": header}

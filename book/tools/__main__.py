@@ -6,7 +6,7 @@
     python -m book.tools student-copies   # the notebooks without their solutions (make student-copies)
     python -m book.tools gpu-check        # validate and record the book on a GPU (make gpu-check)
 
-and each part on its own: translations, setup-cell, recordings, assets (COMMAND --help says more).
+and each part on its own: translations, setup-cell, assets (COMMAND --help says more).
 """
 import importlib
 import sys
@@ -15,7 +15,7 @@ from book.tools import ToolError
 
 MODULES = {"build": "build", "student-copies": "student_copies", "gpu-check": "gpu_check",
            "translations": "translations", "setup-cell": "sync_setup_cell",
-           "recordings": "gpu_recordings", "assets": "offline_assets"}
+           "assets": "offline_assets"}
 # Two tools each: what the pre-commit hooks check, and how to fix it.
 BOTH = {"check": [["setup-cell", "--check"], ["translations", "check"]],
         "sync": [["setup-cell"], ["translations", "sync"]]}

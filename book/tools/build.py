@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from book.tools import ToolError, gpu_recordings, offline_assets
+from book.tools import ToolError, gpu_recordings, offline_assets, words
 from book.tools.notebooks import read_notebook, write_notebook
-from ddp_scripts.hardware import describe_hardware
+from ddp_scripts.hardware import describe_hardware, usable_cores
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "_build"
@@ -160,7 +160,9 @@ def execute(editions):
                     if path.stem in ALONE]
         if chapters:
             alone.append((edition, chapters, parts / "alone.xml"))
-    with ThreadPoolExecutor(lanes_for_this_machine()) as lanes:   # they take the runs in order
+    # SIDE_BY_SIDE lanes, fewer on fewer cores (pinning a lane to a core made no build quicker);
+    # they take the runs in order.
+    with ThreadPoolExecutor(min(SIDE_BY_SIDE, usable_cores())) as lanes:
         statuses = list(lanes.map(lambda run: nbmake(*run), beside))
     statuses += [nbmake(*run) for run in alone]
     for edition in editions:   # one JUnit file each, every chapter marked alone or beside
@@ -186,12 +188,6 @@ def launches(notebook):
                if cell["cell_type"] == "code")
 
 
-def lanes_for_this_machine():
-    """SIDE_BY_SIDE, fewer on fewer cores; not pinned to cores, which made no build quicker."""
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    return min(SIDE_BY_SIDE, len(cores))
-
-
 def nbmake(edition, notebooks, junit):
     command = nbmake_command(edition.src, notebooks, junit)
     print(f"[{edition.name}] + " + " ".join(command), flush=True)
@@ -209,47 +205,19 @@ def nbmake_command(src, targets, timings, cell_timeout_s=CELL_TIMEOUT_S,
             "--rootdir", str(src), *map(str, targets)]
 
 
-TIMES_PAGE = {
-    "en": {"page": "# Execution times\n\nHow long each chapter took to execute, top to bottom, in the "
-                   "build that produced this site: `make book` runs every notebook once with nbmake, on "
-                   "the build machine ({machine}). The chapters whose measurements depend on how many "
-                   "cores they have execute alone; the others two at a time, beside another chapter. A "
-                   "companion-script command that both editions launch runs once, for the English "
-                   "edition; the Chinese pages show that run again, and say so where they do.\n\n"
-                   "| Chapter | Notebook | Seconds | Result | Executed |\n{rows}\n\nTotal: {total:.1f} s.\n",
-           "words": {"passed": "passed", "failed": "failed", "alone": "alone",
-                     "beside": "beside another chapter", "machine": "an unrecorded machine"},
-           "beside_note": "```{note}\nThe build executed this page beside another chapter, the two "
-                          "sharing the build machine's cores ({machine}): any speed it prints "
-                          "(samples/s) is that of a machine busy with other work too, not the "
-                          "machine's alone. The chapters whose measurements depend on how many "
-                          "cores they have execute alone.\n```"},
-    "zh": {"page": "# 执行时间\n\n生成本网站的那次构建中，每一章从头到尾执行所用的时间：`make book` "
-                   "用 nbmake 把每个笔记本执行一遍，在构建机器（{machine}）上。测量结果取决于核心"
-                   "数量的各章单独执行；其余各章两章同时执行。两个版本都会启动的配套脚本命令只运行"
-                   "一次（为英文版运行），中文页面展示的是那次运行的结果，并在展示处注明。\n\n"
-                   "| 章 | 笔记本 | 秒 | 结果 | 执行方式 |\n{rows}\n\n合计：{total:.1f} s。\n",
-           "words": {"passed": "通过", "failed": "失败", "alone": "单独", "beside": "与另一章同时",
-                     "machine": "一台未记录的机器"},
-           "beside_note": "```{note}\n构建本书时，这一页与另一章同时执行，两章共用构建机器（{machine}）"
-                          "的核心：页面上打印的速度（samples/s）是机器同时忙于别的工作时的速度，不是"
-                          "整台机器单独运行的速度。测量结果取决于核心数量的各章单独执行。\n```"},
-}
-
-
 def write_execution_times(edition):
     """book/execution-times.md in the copy, from its timings, and under the title of each
     chapter executed beside another, a note saying so (once: --render-only finds it there)."""
-    text, rows = TIMES_PAGE[edition.name], []
-    machine = MACHINE.read_text().strip() if MACHINE.exists() else text["words"]["machine"]
+    text, rows = words(edition.name), []
+    machine = MACHINE.read_text().strip() if MACHINE.exists() else text["machine"]
     for case in ET.parse(edition.timings).getroot().iter("testcase"):
         failed = case.find("failure") is not None or case.find("error") is not None
         rows.append((Path(case.get("file") or case.get("name")).stem, float(case.get("time", 0)),
                      "failed" if failed else "passed", case.get("executed", "alone")))
     table = ["| --- | --- | ---: | --- | --- |"] + [
         f"| {{doc}}`../notebooks/{name}` | `{name}.ipynb` | {seconds:.1f} | "
-        f"{text['words'][result]} | {text['words'][how]} |" for name, seconds, result, how in sorted(rows)]
-    (edition.src / "book" / "execution-times.md").write_text(text["page"].format(
+        f"{text[result]} | {text[how]} |" for name, seconds, result, how in sorted(rows)]
+    (edition.src / "book" / "execution-times.md").write_text(text["times_page"].format(
         machine=machine, rows="\n".join(table), total=sum(row[1] for row in rows)), encoding="utf-8")
     note = {"cell_type": "markdown", "id": "build-executed-beside", "metadata": {},
             "source": text["beside_note"].replace("{machine}", machine)}

@@ -49,10 +49,6 @@ def this_machine():
     return machine
 
 
-def load_average():
-    return [round(load, 2) for load in os.getloadavg()]
-
-
 def current_commit():
     """HEAD's short commit, '-modified' when the notebooks or scripts differ from it."""
     try:
@@ -154,7 +150,7 @@ def run(planned, hardware, folder, record, commit, budget_s, clock=time.monotoni
             continue
         command = [str(part).replace("{out}", str(folder)).replace("{commit}", commit)
                    for part in step["command"]]
-        before = load_average()
+        before = [round(load, 2) for load in os.getloadavg()]   # 1, 5 and 15 minutes
         result, status, seconds = execute(command, WORK / "src" if step["kind"] == "notebook"
                                           else ROOT, left, folder / "gpu-check.log")
         if result == "timeout":
@@ -162,7 +158,7 @@ def run(planned, hardware, folder, record, commit, budget_s, clock=time.monotoni
             continue
         entry = {"key": step["key"], "result": result, "exit_status": status,
                  "seconds": round(seconds, 1), "load_average_before": before,
-                 "load_average_after": load_average(), "commit": commit}
+                 "load_average_after": [round(load, 2) for load in os.getloadavg()], "commit": commit}
         call["ran"].append(entry)
         if result == "passed":
             state["done"][step["key"]] = entry

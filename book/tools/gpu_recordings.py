@@ -1,11 +1,8 @@
 """Recorded GPU runs: what the `gpu-output` cells printed on a GPU machine, shown on the pages.
 
-    python -m book.tools recordings status   # every gpu-output cell against every recording
-
 results/gpu-runs/<date>-<hardware>/ (by `make gpu-check`): cells.json, each tagged cell's code hash and
 outputs; run.json, the label; conditions.json, how each notebook ran. prepare() is build.py's page step.
 """
-import argparse
 import hashlib
 import html
 import json
@@ -15,6 +12,7 @@ import socket
 import sys
 from pathlib import Path
 
+from book.tools import words
 from book.tools.notebooks import read_notebook, write_notebook
 from ddp_scripts import hardware
 
@@ -90,12 +88,6 @@ def load_recordings(root=RECORDINGS):
     return found
 
 
-def latest_per_hardware(recordings):
-    """The newest recording of each hardware (folder names start with dates)."""
-    newest = {r[1]["hardware"]: r for r in sorted(recordings, key=lambda r: r[0].name)}
-    return list(newest.values())
-
-
 def newest_with(recordings, name, cell_id):
     """Per hardware, the newest recording that has this cell, else the newest of that hardware."""
     newest, having = {}, {}
@@ -104,47 +96,6 @@ def newest_with(recordings, name, cell_id):
         if cell_id in recording[2].get(name, {}):
             having[recording[1]["hardware"]] = recording
     return [having.get(machine, newest[machine]) for machine in newest]
-
-
-WORDS = {
-    "en": {
-        "missing": "Not recorded on {title}: this cell is newer than the recording. Run "
-                   "<code>make gpu-check</code> on a GPU machine to record it.",
-        "stale": "<strong>Stale recording</strong> from {title}: this cell's code has changed since, "
-                 "so what it prints there now is not known. Below, what the earlier code printed. "
-                 "Run <code>make gpu-check</code> on a GPU machine to record it again.",
-        "current": "Recorded on a GPU machine ({title}): what this cell printed there. Above "
-                   "it, what this build's machine printed.",
-        "one_gpu": "No multi-GPU recording exists yet: this recording has one GPU, and this "
-                   "cell shows its multi-GPU behaviour only with two or more.",
-        "no_output": "(no output)",
-        "loaded": "<strong>Recorded on a loaded machine</strong>: {how}. Its timings are not "
-                  "those of an idle machine.",
-        "alone": "Recorded with this notebook alone on the machine ({load}).",
-        "concurrent": "{n} notebooks ran at once there",
-        "load": "load average (1 min) {before} → {after} while it ran, on {cores} cores",
-        "busy": "other work was running: ",
-        "no_load": "the load average was not recorded for this notebook",
-    },
-    "zh": {
-        "missing": "{title} 上没有记录：这个单元比那次记录新。在有 GPU 的机器上运行 "
-                   "<code>make gpu-check</code> 来记录它。",
-        "stale": "<strong>过时的记录</strong>，来自 {title}：这个单元的代码此后改过，它现在在那里"
-                 "会输出什么并不知道。下面是旧代码当时的输出。在有 GPU 的机器上运行 "
-                 "<code>make gpu-check</code> 来重新记录。",
-        "current": "在 GPU 机器上记录（{title}）：这个单元在那里的输出。上面是本次构建所用机器的"
-                   "输出。",
-        "one_gpu": "还没有多 GPU 的记录：这次记录只有一块 GPU，而这个单元要有两块或更多 GPU "
-                   "才显示它的多 GPU 行为。",
-        "no_output": "（没有输出）",
-        "loaded": "<strong>记录时机器负载较重</strong>：{how}。其中的计时不是空闲机器上的结果。",
-        "alone": "记录时机器上只运行着这一个笔记本（{load}）。",
-        "concurrent": "当时有 {n} 个笔记本同时运行",
-        "load": "运行期间的平均负载（1 分钟）从 {before} 变为 {after}，共 {cores} 个核",
-        "busy": "当时还有别的任务在运行：",
-        "no_load": "这个笔记本的平均负载没有记录",
-    },
-}
 
 
 def text_of(output):
@@ -177,7 +128,7 @@ def head(shown):
 def conditions_html(run, name, language="en"):
     """How this notebook was recorded ('' if unknown); loaded: several notebooks at once, or a load
     before it of half the cores or more (chapter 7's rule)."""
-    conditions, words = run.get("conditions"), WORDS[language]
+    conditions, text = run.get("conditions"), words(language)
     if not conditions:
         return ""
     mine = conditions.get("notebooks", {}).get(name, {})
@@ -185,30 +136,28 @@ def conditions_html(run, name, language="en"):
     after = (mine.get("load_average_after") or ["?"])[0]
     cores, concurrent = conditions.get("cores"), conditions.get("concurrent_notebooks", 1)
     busy = before is not None and bool(cores) and before >= cores / 2
-    load = words["no_load"] if before is None else words["load"].format(before=before, after=after, cores=cores)
+    load = (text["gpu_no_load"] if before is None
+            else text["gpu_load"].format(before=before, after=after, cores=cores))
     if concurrent == 1 and not busy:
-        return f'<p class="gpu-recording-conditions">{words["alone"].format(load=load)}</p>'
-    if concurrent > 1:
-        how = words["concurrent"].format(n=concurrent) + ("; " if language == "en" else "；") + load
-    else:
-        how = words["busy"] + load
-    return f'<p class="gpu-recording-conditions gpu-recording-loaded">{words["loaded"].format(how=how)}</p>'
+        return f'<p class="gpu-recording-conditions">{text["gpu_alone"].format(load=load)}</p>'
+    how = (text["gpu_concurrent"].format(n=concurrent) if concurrent > 1 else text["gpu_busy"]) + load
+    return f'<p class="gpu-recording-conditions gpu-recording-loaded">{text["gpu_loaded"].format(how=how)}</p>'
 
 
 def box(run, entry, current_hash, multi_gpu, language="en", name=""):
     """(outputs, stale): one recording's label for a cell, then what the cell printed there."""
-    words = WORDS[language]
+    text = words(language)
     title = html.escape(f"{run['hardware']}; {run['date']}; commit {run['commit']}")
     if entry is None:
-        said = f'<p class="gpu-recording-label">{words["missing"].format(title=title)}</p>'
+        said = f'<p class="gpu-recording-label">{text["gpu_missing"].format(title=title)}</p>'
         return [head(f'<div class="gpu-recording gpu-recording-stale">{said}</div>')], True
     stale = entry["source_sha256"] != current_hash
-    said = words["stale" if stale else "current"].format(title=title)
+    said = text["gpu_stale" if stale else "gpu_current"].format(title=title)
     shown = f'<p class="gpu-recording-label">{said}</p>' + conditions_html(run, name, language)
     if multi_gpu and run.get("gpus", 0) < 2:
-        shown += f'<p class="gpu-recording-multi">{words["one_gpu"]}</p>'
+        shown += f'<p class="gpu-recording-multi">{text["gpu_one_gpu"]}</p>'
     if not entry["outputs"]:
-        shown += f"<p><em>{words['no_output']}</em></p>"
+        shown += f"<p><em>{text['gpu_no_output']}</em></p>"
     kind = "gpu-recording-stale" if stale else "gpu-recording-current"
     return [head(f'<div class="gpu-recording {kind}">{shown}</div>'),
             *map(page_output, entry["outputs"])], stale
@@ -303,14 +252,3 @@ def prepare(notebooks, build_copy=None, recordings_root=None, report=print,
                "it again")
     return stale
 
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["status"],
-                        help="every gpu-output cell against every recording; exit 1 if one is stale")
-    parser.parse_args(argv)
-    recordings, stale = load_recordings(), []
-    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        stale += annotate(read_notebook(path), path.name, recordings)
-    print(*stale, f"{len(recordings)} recording(s), {len(stale)} stale cell(s)", sep="\n")
-    return 1 if stale else 0

@@ -17,10 +17,12 @@ import hashlib
 import json
 import re
 import subprocess
-import sys
 from collections import namedtuple
 from pathlib import Path
 
+import yaml
+
+from book.tools import ToolError
 from book.tools.notebooks import read_notebook as read, write_notebook as write
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,57 +36,17 @@ FENCE = re.compile(r"^(\s*)(`{3,}|:{3,})")
 CODE, LINK_TARGET, URL, HTML = r"`[^`]*`", r"\]\([^)]*\)", r"https?://\S+", r"<[^>]+>"
 # Five English words in a row or more: a sentence left in English ("DDP 的 all-reduce" is not).
 ENGLISH_RUN = re.compile(r"(?:\b[A-Za-z][A-Za-z'’-]*[ ,;:]+){4,}[A-Za-z][A-Za-z'’-]*\b")
-# The edition's terms. Each row: a variant the edition does not use (a pattern over a line of
-# Chinese prose, inline code blanked unless the row says "code"), where the same words are
-# right (matches left alone: the gloss after the English term, "Jupyter 内核"), and what to
-# write instead. A quotation ("> ...") keeps its words and is not read.
-TERMS = [
-    (r"进程序号", r"rank\s?（(?:本机)?进程序号）|本地进程序号|全局进程序号", "rank（进程序号） on a "
-     "chapter's first use, then rank, rank 0; 某个 rank or 某个进程 for “a rank”"),
-    (r"本地进程序号", None, "local rank（本机进程序号）, then local rank"),
-    (r"全局进程序号|全局序号", None, "全局 rank"),
-    (r"[0-9]+\s?号进程|(?<![每个])进程\s?[0-9]+(?!\s?[0-9/*×x+.个块秒次轮步张份倍%s-])", None,
-     "rank 0, rank 1"),
-    (r"世界", r"(?:真实|现实|全)世界|世界上", "world size（进程总数）; never 世界"),
-    (r"汇合|会面|碰头", None, "rendezvous（会合）, 会合点"),
-    (r"个\s?(?:GPU|显卡)", r"个\s?GPU\s?(?:kernel|核函数|进程|张量|任务|上下文|流|操作|算子|函数|事件)",
-     "块 GPU (单卡, 多卡 where natural)"),
-    (r"(?<![`\w.-])epochs?(?![`\w-])", r"轮\s?（epochs?）|\|\s?epochs?\s?\|",
-     "轮（epoch） on a chapter's first use, then 轮"),
-    (r"批归一化|批标准化|批量标准化|批规范化|批量规范化", None, "批量归一化（BatchNorm）"),
-    (r"内核", r"Jupyter\s?内核",
-     "Jupyter 内核 (the notebook's process); kernel（核函数） (a function run on the GPU)"),
-    (r"分发\s?（scatter）|scatter\s?（分发）", None, "分散（scatter）"),
-    (r"数据并行\s?[（(]\s?(?:`?(?:nn\.|torch\.nn\.)?DataParallel`?|DP)\s?[）)]", "code",
-     "`DataParallel`（DP）: 数据并行 is the concept, which DDP and FSDP are too"),
-    (r"调节手段", None, "优化手段 (in prose), 选项 (a script's option)"),
-    (r"诚实", None, "可信; 公平、可复现"),
-    (r"CUDA graphs?\b|CUDA Graphs\b|CUDA 图(?!）)", r"CUDA Graph（CUDA 图）",
-     "CUDA Graph（CUDA 图） on first use, then CUDA Graph"),
-    (r"(?<!主机)内存中转", None, "经由主机内存中转"),
-    (r"全归约|全收集|归约散射", r"all-reduce\s?（全归约）|all-gather\s?（全收集）|reduce-scatter\s?（归约散射）",
-     "all-reduce（全归约） on first use, then all-reduce; the same for all-gather（全收集）, "
-     "reduce-scatter（归约散射）"),
-    (r"激活检查点", None, "激活重计算（activation checkpointing）"),
-    (r"前置知识|前置要求", None, "预备知识"),
-    (r"预计时间", None, "预计用时"),
-    (r"学完本章(?!，你将能够：)", None, "学完本章，你将能够："),
-    (r"硬件给本章带来的变化", None, "硬件对本章的影响"),
-    (r"(?<=\d) x (?=\d)", None, "× (4 × 256)"),
-    (r"(?<=[\u4e00-\u9fff，。])\.\.\.|\.\.\.(?=[\u4e00-\u9fff])", None, "……"),
-]
-TERMS = [(re.compile(variant), allowed if allowed in (None, "code") else re.compile(allowed), use)
-         for variant, allowed, use in TERMS]
+# The edition's terms (book/zh/terms.yml): a variant the edition does not write, where the same
+# words are right (or "code": inline code is read too), and what to write instead.
+TERMS = [(re.compile(term["variant"]), term.get("allowed") if term.get("allowed") in (None, "code")
+          else re.compile(term["allowed"]), term["use"])
+         for term in yaml.safe_load((ROOT / "book" / ZH / "terms.yml").read_text(encoding="utf-8"))]
 # What a translation keeps of its English passage (links' text translated, targets not).
 STRUCTURE = {"headings": r"(?m)^#{1,6} ", "exercises": r"\{exercise\}", "links": r"\]\(",
              "solutions": r"\{solution\}", "{doc} links": r"\{doc\}", "{ref} links": r"\{ref\}"}
 # A prose cell or section (key: its id or number) and its translation, which starts on line
 # first_line of its file; mark is the hash of the English it translates, or "new".
 Passage = namedtuple("Passage", "key label english chinese mark first_line")
-
-
-class TranslationError(Exception):
-    """Bad input: reported as one line, exit status 2."""
 
 
 def sha(text):
@@ -108,7 +70,7 @@ def resolve(page):
     path = Path(page).resolve()
     english = path.parent.parent / path.name if path.parent.name == ZH else path
     if not english.exists():
-        raise TranslationError(f"no such page: {english}")
+        raise ToolError(f"no such page: {english}")
     return english, chinese_page(english)
 
 
@@ -122,7 +84,7 @@ def read_english(path):
     notebook = read(path)
     ids = [cell.get("id") for cell in notebook.cells]
     if None in ids or len(set(ids)) != len(ids):
-        raise TranslationError(f"{relative(path)}: every cell needs its own id (nbformat 4.5)")
+        raise ToolError(f"{relative(path)}: every cell needs its own id (nbformat 4.5)")
     return notebook
 
 
@@ -289,11 +251,11 @@ def compare(english_path, chinese_path):
 def accept(english_path, chinese_path, keys=()):
     """Record the English hash of the cells or sections named (by id or number; all if none)."""
     if not chinese_path.exists():
-        raise TranslationError(f"no Chinese page yet: {relative(chinese_path)}")
+        raise ToolError(f"no Chinese page yet: {relative(chinese_path)}")
     passages = {p.key: p for p in compare(english_path, chinese_path)[1]}
     unknown = sorted(set(keys) - set(passages))
     if unknown:
-        raise TranslationError(f"{relative(chinese_path)} has no prose cell or section "
+        raise ToolError(f"{relative(chinese_path)} has no prose cell or section "
                                f"{unknown[0]}")
     chosen = {key: sha(p.english) for key, p in passages.items() if not keys or key in keys}
     if english_path.suffix == ".ipynb":
@@ -361,20 +323,12 @@ def main(argv=None):
     accepting.add_argument("page")
     accepting.add_argument("ids", nargs="*")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "check":
-            return check(args.diff)
-        if args.command == "accept":
-            accept(*resolve(args.page), args.ids)
-        else:
-            for english in [resolve(page)[0] for page in args.pages] or english_pages():
-                if english.suffix == ".ipynb":
-                    sync_notebook(english, chinese_page(english))
-        return 0
-    except TranslationError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    if args.command == "check":
+        return check(args.diff)
+    if args.command == "accept":
+        accept(*resolve(args.page), args.ids)
+    else:
+        for english in [resolve(page)[0] for page in args.pages] or english_pages():
+            if english.suffix == ".ipynb":
+                sync_notebook(english, chinese_page(english))
+    return 0
