@@ -6,13 +6,14 @@
 #   make browser  install Debian's chromium and a Chinese font (needs root; elsewhere, install
 #                 Chromium and any font with Chinese characters yourself)
 # Quicker, while working on the code: `make check` runs the tests that need no built book
-# (all but tests/site).
+# (tests/scripts and tests/book; tests/site reads the built book).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
-# The tests that need the built book (its pages, and the runs its chapters made) are in tests/site.
+# The tests are in one folder for each thing they need: tests/scripts (the companion scripts),
+# tests/book (the sources and tools), tests/site (the built book: its pages, its chapters' runs).
 
 .PHONY: book test check browser gpu-check gpu-bundle student-copies clean
 
@@ -39,7 +40,7 @@ test: book
 	$(PYTEST) tests
 
 check: $(INSTALLED)
-	$(PYTEST) tests --ignore=tests/site
+	$(PYTEST) tests/scripts tests/book
 
 # apt-get needs root: as root it runs directly, otherwise through sudo (a CI runner, say).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

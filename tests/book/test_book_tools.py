@@ -1,6 +1,6 @@
 """The build's own tools: one package and command line, the set-up cell's tag, the site's
 offline JavaScript and how the build executes the notebooks (recorded GPU runs:
-tests/test_gpu_recordings.py; `make gpu-check`: tests/test_gpu_check.py). No site build is
+tests/book/test_gpu_recordings.py; `make gpu-check`: tests/book/test_gpu_check.py). No site build is
 needed."""
 import ast
 import re
@@ -23,7 +23,7 @@ CHAPTERS = chapters()
 # Code that changes the import path: only the notebooks' set-up cell (a notebook opened
 # anywhere finds ddp_scripts with it) and the scripts run as files under torchrun (their
 # bootstrap, as in ddp_scripts/), never a tool or a test module.
-BOOTSTRAPS = {ROOT / "book" / "tools" / "setup_cell.py", ROOT / "tests" / "ranks_probe.py"}
+BOOTSTRAPS = {ROOT / "book" / "tools" / "setup_cell.py", ROOT / "tests" / "scripts" / "ranks_probe.py"}
 
 
 def changes_the_path(tree):

@@ -117,7 +117,7 @@ def test_ddp_resume_over_nccl_is_bit_identical(tmp_path):
 
 @two_gpus
 def test_batchnorm_statistics_agree_across_gpus(tmp_path):
-    run_command(torchrun_command(str(ROOT / "tests" / "ranks_probe.py"), 2, [str(tmp_path), "cuda"]),
+    run_command(torchrun_command(str(ROOT / "tests" / "scripts" / "ranks_probe.py"), 2, [str(tmp_path), "cuda"]),
                 timeout=600, echo=lambda line: None)
     means = [json.loads((tmp_path / f"rank{rank}.json").read_text())["running_mean"]
              for rank in (0, 1)]

@@ -26,7 +26,7 @@ from ddp_scripts.launcher import (LaunchError, LaunchTimeout, free_port, run_com
 from ddp_scripts.mistakes.faults import processes_mentioning
 from ddp_scripts.runfiles import CHECKPOINT, logged_epochs, metrics_rows
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # A run longer than a stop takes to arrive: it is stopped in its first epochs.
 RUN = dict(dataset="synthetic", epochs=3, batch_size=32, train_samples=2048, test_samples=256,
            device="cpu")

@@ -1,5 +1,5 @@
 """Recorded GPU runs (results/gpu-runs/) and the executed chapters made ready for the page
-(book/tools/gpu_recordings.py). `make gpu-check` itself: tests/test_gpu_check.py. No site
+(book/tools/gpu_recordings.py). `make gpu-check` itself: tests/book/test_gpu_check.py. No site
 build is needed."""
 import copy
 import json

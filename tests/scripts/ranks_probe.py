@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repository root
+sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root
 
 import torch
 import torch.distributed as dist

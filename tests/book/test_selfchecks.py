@@ -96,7 +96,7 @@ def test_every_chapter_has_a_self_check_and_every_check_a_known_answer():
     assert not without, f"chapters without a self-check: {without}"
     assert len(labels) == len(set(labels)), f"a digest label used twice: {labels}"
     assert sorted(labels) == sorted(ANSWERS), (
-        "tests/test_selfchecks.py must know the answer of every self-check: "
+        "tests/book/test_selfchecks.py must know the answer of every self-check: "
         f"unknown {sorted(set(labels) - set(ANSWERS))}, gone {sorted(set(ANSWERS) - set(labels))}")
 
 
