@@ -4,8 +4,6 @@ from pathlib import Path
 
 import yaml
 
-BOOK = Path(__file__).resolve().parents[1]
-
 
 class ToolError(Exception):
     """Bad input to a tool: said in one line, exit status 2 (__main__.py)."""
@@ -14,5 +12,6 @@ class ToolError(Exception):
 @functools.cache
 def words(edition):
     """What the tools write on an edition's pages, in its language (book/words.yml, book/zh/...)."""
-    folder = BOOK if edition == "en" else BOOK / edition
+    book = Path(__file__).resolve().parents[1]
+    folder = book if edition == "en" else book / edition
     return yaml.safe_load((folder / "words.yml").read_text(encoding="utf-8"))

@@ -272,7 +272,7 @@ def put_site_in_place(edition):
     shutil.copytree(edition.src / "_build" / "html", edition.html, dirs_exist_ok=True)
     for path, notebook in notebooks_in(edition.html / "_sources" / "notebooks"):
         committed = edition.notebooks / path.name
-        if committed.exists() and notebook["cells"][0]["cell_type"] == "markdown":
+        if committed.exists() and notebook["cells"] and notebook["cells"][0]["cell_type"] == "markdown":
             notebook["cells"][0]["source"] = read_notebook(committed)["cells"][0]["source"]
     print(f"[{edition.name}] rendered: {edition.html / 'index.html'}", flush=True)
 

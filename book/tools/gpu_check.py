@@ -43,7 +43,7 @@ PLATFORMS = [*(f"manylinux_2_{glibc}_x86_64" for glibc in (17, 27, 28, 34)), "an
 def this_machine():
     """hardware.py's description (its label names the recordings), with cores and a slug."""
     machine = describe_hardware()
-    machine["cores"] = machine["cpu"]["logical_cores"]
+    machine["cores"] = machine["cpu"]["usable_cores"]   # as its label says
     gpus = ["-".join(gpu["name"].lower().removeprefix("nvidia ").split()) for gpu in machine["gpus"]]
     machine["slug"] = f"{len(gpus)}x-{gpus[0]}" if gpus else f"cpu-{machine['cores']}core"
     return machine
@@ -56,18 +56,18 @@ def current_commit():
                                 capture_output=True, text=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
-    changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "notebooks", "ddp_scripts"],
-                             cwd=ROOT).returncode
+    changed = subprocess.run(["git", "status", "--porcelain", "--", "notebooks", "ddp_scripts"],
+                             cwd=ROOT, capture_output=True, text=True).stdout.strip()
     return commit + ("-modified" if changed else "")
 
 
 def candidate_steps(hardware, recordings):
     """Every step in order of value, estimated from what this hardware measured, else ASSUMED_S."""
-    measured = {}
-    for folder, run, _ in sorted(recordings, key=lambda r: r[0].name):
-        if run["hardware"] == hardware["label"]:
-            for key, done in rec.read_json(folder / STATE_FILE, {"done": {}})["done"].items():
-                measured[key] = (done["seconds"], f"measured in {folder.name}")
+    measured, mine = {}, [r for r in recordings if r[1]["hardware"] == hardware["label"]]
+    for folder, _, _ in sorted(mine, key=lambda r: r[0].name):
+        for key, done in rec.read_json(folder / STATE_FILE, {"done": {}})["done"].items():
+            measured[key] = (done["seconds"], f"measured in {folder.name}")
+    recordings = mine or recordings   # stale: against this hardware's recordings, else the pages'.
     names = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
     stale = {}   # a gpu-output cell of the notebook's page is stale or not recorded
     for name in names:
@@ -110,12 +110,13 @@ def fit(steps, budget_s, done=()):
             planned.append(step)
             room -= step["estimate_s"]
         else:
-            left.append(step)
+            left.append(dict(step, too_long=budget_s - START_UP_S - CLOSE_S < step["estimate_s"]))
     return planned, left
 
 
 def run_command(command, cwd, timeout_s, log):
-    """(result, exit status, seconds); on timeout its process group (a kernel, torchrun's workers) ends."""
+    """(result, exit status, seconds). Out of time or interrupted, its process group (nbmake, torchrun
+    and its workers) is killed; a notebook's kernel, in a session of its own, ends with nbmake."""
     print("+", " ".join(command), flush=True)
     start = time.perf_counter()
     with open(log, "a", encoding="utf-8") as out:
@@ -124,28 +125,32 @@ def run_command(command, cwd, timeout_s, log):
                                    start_new_session=True)
         try:
             status = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        except BaseException as stopped:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+            if not isinstance(stopped, subprocess.TimeoutExpired):
+                raise
             return "timeout", None, time.perf_counter() - start
     return ("passed" if status == 0 else "failed"), status, time.perf_counter() - start
 
 
 def run(planned, hardware, folder, record, commit, budget_s, clock=time.monotonic,
-        execute=run_command):
-    """Run the planned steps while the budget lasts, writing each down as it ends; the state."""
-    started = clock()
+        execute=run_command, started=None):
+    """Run the planned steps while the budget (from `started`) lasts, writing each down as it ends."""
+    started = clock() if started is None else started
     folder.mkdir(parents=True, exist_ok=True)
     state = rec.read_json(folder / STATE_FILE, {"done": {}, "calls": []})
     call = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "commit": commit, "budget_s": budget_s, "ran": [], "left": []}
     state["calls"].append(call)
     for step in planned:
-        left = None if budget_s is None else budget_s - CLOSE_S - (clock() - started)
+        # No step outruns the room fit() plans with (its time must fit the next plan), nor 4 hours.
+        left = 4 * 3600 if budget_s is None else min(budget_s - CLOSE_S - (clock() - started),
+                                                     budget_s - START_UP_S - CLOSE_S)
         if step["kind"] != "notebook" and not hardware["gpus"]:
             call["ran"].append({"key": step["key"], "result": "skipped: no CUDA"})
             continue
-        if left is not None and step["estimate_s"] > left:
+        if step["estimate_s"] > left:
             call["left"].append({"key": step["key"], "why": "no time left for its estimate"})
             continue
         command = [str(part).replace("{out}", str(folder)).replace("{commit}", commit)
@@ -163,12 +168,12 @@ def run(planned, hardware, folder, record, commit, budget_s, clock=time.monotoni
         if result == "passed":
             state["done"][step["key"]] = entry
         if result == "passed" and record and step["kind"] == "notebook":
-            record_notebook(step["key"].split(":", 1)[1], entry, folder, hardware)
+            record_notebook(step["key"].split(":", 1)[1], entry, folder, hardware, state["calls"][0]["date"][:10])
         rec.write_json(folder / STATE_FILE, state)
     return state
 
 
-def record_notebook(name, entry, folder, hardware):
+def record_notebook(name, entry, folder, hardware, first_day):
     """The notebook's gpu-output cells as they ran, how it ran, and the label of every page box."""
     cells = rec.read_json(folder / rec.CELLS_FILE, {})
     cells[name] = rec.record(WORK / "src" / "notebooks" / name, ROOT / "notebooks" / name)
@@ -179,8 +184,6 @@ def record_notebook(name, entry, folder, hardware):
         "load_average_before", "load_average_after", "seconds", "commit")}
     rec.write_json(folder / rec.CONDITIONS_FILE, conditions)
     commits = dict.fromkeys(notebook["commit"] for notebook in conditions["notebooks"].values())
-    today = dt.datetime.now(dt.timezone.utc).date().isoformat()
-    first_day = rec.read_json(folder / rec.RUN_FILE, {"date": today})["date"]
     rec.write_json(folder / rec.RUN_FILE, {"hardware": hardware["label"], "gpus": len(hardware["gpus"]),
                                            "date": first_day, "commit": ", ".join(commits)})
 
@@ -196,7 +199,8 @@ def output_folder(hardware, record, out=None):
 
 
 def describe(step):
-    return f"- {step['title']}: about {step['estimate_s']:.0f} s ({step['estimate_from']})"
+    too_long = "; longer than this budget allows: give it a larger --budget" if step.get("too_long") else ""
+    return f"- {step['title']}: about {step['estimate_s']:.0f} s ({step['estimate_from']}){too_long}"
 
 
 def summary(hardware, state, left, record):
@@ -250,7 +254,7 @@ def main(argv=None):
     parser.add_argument("--out", help="the folder (default: this hardware's unfinished one)")
     parser.add_argument("--pack", metavar="FILE", help="also write the folder as a .tar.gz")
     parser.add_argument("--bundle", action="store_true", help="wheels for a GPU machine offline")
-    args = parser.parse_args(argv)
+    args, started = parser.parse_args(argv), time.monotonic()
     if args.budget is not None and args.budget <= START_UP_S + CLOSE_S:
         raise ToolError(f"--budget must be more than {START_UP_S + CLOSE_S} s")
     for name in args.only or []:
@@ -282,7 +286,7 @@ def main(argv=None):
                               ROOT / "notebooks", ROOT / "book"), site=False)
     if (ROOT / "data").is_dir():   # a downloaded CIFAR-10 is used, never fetched again
         (WORK / "src" / "data").symlink_to(ROOT / "data", target_is_directory=True)
-    state = run(planned, hardware, folder, record, current_commit(), args.budget)
+    state = run(planned, hardware, folder, record, current_commit(), args.budget, started=started)
     state["calls"][-1]["left"] += [{"key": s["key"], "why": "did not fit in the budget"} for s in left]
     failed = any(r["result"] == "failed" for r in state["calls"][-1]["ran"])
     remaining = [step for step in steps if step["key"] not in state["done"]]
@@ -292,6 +296,7 @@ def main(argv=None):
     (folder / "README.md").write_text(readme, encoding="utf-8")
     print(readme)
     if args.pack:
+        Path(args.pack).parent.mkdir(parents=True, exist_ok=True)
         with tarfile.open(args.pack, "w:gz") as archive:
             archive.add(folder, arcname=f"results/gpu-runs/{folder.name}")
     return 1 if failed else 0

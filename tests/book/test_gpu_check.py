@@ -61,7 +61,7 @@ def test_every_notebook_and_every_kind_of_step_is_in_the_plan_in_order_of_value(
     kinds = [s["kind"] for s in planned]
     assert kinds.index("tests") < kinds.index("micro") < kinds.index("benchmark")
     first, rest = planned[:kinds.index("tests")], planned[kinds.index("benchmark") + 2:]
-    assert first and all(s["title"].endswith("(to record)") for s in first), "stale or unrecorded first"
+    assert all(s["title"].endswith("(to record)") for s in first), "stale or unrecorded first"
     assert all(s["title"].endswith("(to validate)") for s in rest), "the others last"
     stale = {path.name for path in (ROOT / "notebooks").glob("[0-9]*.ipynb")
              if gpu_recordings.annotate(load_notebook(path), path.name, RECORDINGS)}
@@ -132,6 +132,29 @@ def test_a_step_still_running_when_the_budget_ends_is_left_not_failed(tmp_path):
     call = state["calls"][-1]
     assert call["ran"] == [] and "tests" not in state["done"]
     assert call["left"][0]["key"] == "tests" and "out of budget" in call["left"][0]["why"]
+    # Stopped at the room the plan has (200 - 45 - 20 s), so that a step which passes always fits
+    # the next plan of the same budget; a step longer than that is said to need a larger one.
+    assert clock.now == 200 - gpu_check.START_UP_S - gpu_check.CLOSE_S
+    _, left = gpu_check.fit([dict(step, estimate_s=clock.now + 1)], 200)
+    assert "give it a larger --budget" in gpu_check.describe(left[0])
+
+
+def test_a_plan_is_made_against_this_hardware_s_own_recordings(tmp_path):
+    """A machine whose own recording is current records nothing first, whatever is stale in the
+    recordings of other machines (the H200's, here)."""
+    current = {}
+    for path in (ROOT / "notebooks").glob("[0-9]*.ipynb"):
+        cells = gpu_recordings.gpu_cells(load_notebook(path))
+        current[path.name] = {cell["id"]: {"source_sha256": gpu_recordings.source_hash(
+            cell_source(cell)), "outputs": []} for cell in cells}
+    a100 = dict(GPU_MACHINE, label="1 x NVIDIA A100; a test", slug="1x-a100")
+    mine = (tmp_path / "2026-12-02-1x-a100", {"hardware": a100["label"], "date": "2026-12-02",
+                                              "commit": "abc1234", "gpus": 1}, current)
+    planned = gpu_check.candidate_steps(a100, [*RECORDINGS, mine])
+    assert not [s for s in planned if s["title"].endswith("(to record)")]
+    assert any(s["title"].endswith("(to record)") for s in steps()) == any(
+        gpu_recordings.annotate(load_notebook(path), path.name, RECORDINGS)
+        for path in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
 
 
 def test_without_cuda_the_gpu_steps_are_skipped_with_the_reason(tmp_path):
@@ -245,6 +268,7 @@ def test_a_recorded_notebook_writes_its_cells_and_conditions_at_once(tmp_path, m
     assert conditions["notebooks"][name]["load_average_after"] == [0.9, 0.4, 0.2]
     run = json.loads((folder / gpu_recordings.RUN_FILE).read_text())
     assert (run["hardware"], run["gpus"], run["commit"]) == (GPU_MACHINE["label"], 1, "abc1234")
+    assert run["date"] == state["calls"][0]["date"][:10]   # the day of the folder's first call
     assert gpu_recordings.load_recordings(tmp_path) == [(folder, dict(run, conditions=conditions), cells)]
     readme = gpu_check.summary(GPU_MACHINE, state, [], True)
     assert "nothing by hand" in readme and "one notebook at a time" in readme
