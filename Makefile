@@ -15,7 +15,7 @@ PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
 # The tests are in one folder for each thing they need: tests/scripts (the companion scripts),
 # tests/book (the sources and tools), tests/site (the built book: its pages, its chapters' runs).
 
-.PHONY: book test check browser gpu-check gpu-bundle student-copies clean
+.PHONY: book test check oldest-torch browser gpu-check gpu-bundle student-copies clean
 
 $(INSTALLED): requirements.txt book/tools/offline_assets.py
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,18 @@ test: book
 
 check: $(INSTALLED)
 	$(PYTEST) tests/scripts tests/book
+
+# Every English chapter against the oldest torch and torchvision that requirements.txt allows,
+# in an environment of its own (.venv-oldest; pip fetches that torch, a few GB with CUDA).
+# Slow, so not part of `make test`: run it when the floor or a version-dependent cell changes.
+TORCH_FLOOR := $(shell sed -n 's/^torch>=\([0-9.]*\).*/\1/p' requirements.txt)
+VISION_FLOOR := $(shell sed -n 's/^torchvision>=\([0-9.]*\).*/\1/p' requirements.txt)
+OLDEST := .venv-oldest
+oldest-torch:
+	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install -q -r requirements.txt "torch==$(TORCH_FLOOR).*" "torchvision==$(VISION_FLOOR).*"
+	$(OLDEST)/bin/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
+	$(OLDEST)/bin/python -m pytest --nbmake -n 2 -p no:cacheprovider -o addopts= --nbmake-timeout=900 notebooks/*.ipynb
 
 # apt-get needs root: as root it runs directly, otherwise through sudo (a CI runner, say).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
