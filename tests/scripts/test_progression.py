@@ -1,5 +1,6 @@
-"""train_single.py -> train_dp.py -> train_ddp.py -> train_fast.py / train_fsdp.py read as one
-progression: the diff between neighbours is the lesson, so it stays short and marked."""
+"""The scripts are a tree: train_single.py -> train_dp.py, and train_single.py -> train_ddp.py ->
+train_fast.py / train_fsdp.py. The diff between a script and its parent is the lesson, so it stays
+short and marked."""
 import difflib
 import re
 
