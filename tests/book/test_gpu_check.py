@@ -2,6 +2,7 @@
 first, busy machines are labelled, recordings say how they were made, the dry run plans from
 the committed files alone. The clock and the commands are stand-ins: nothing waits on time."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -284,10 +285,10 @@ def test_a_step_that_started_on_a_busy_machine_is_labelled_so():
 
 
 def test_the_micro_measurement_is_a_one_line_error_without_cuda():
-    if gpu_check.this_machine()["gpus"]:
-        return
+    # An empty CUDA_VISIBLE_DEVICES hides every GPU, so this runs on a GPU machine too.
     result = subprocess.run([sys.executable, "-m", "ddp_scripts.gpu_micro", "--out", "unused"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+                            cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert not (ROOT / "unused").exists()
 
