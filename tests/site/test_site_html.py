@@ -316,3 +316,13 @@ def test_a_runs_lines_are_one_block_and_a_replayed_run_says_so(site):
         assert "[rank 0] stopping after epoch 1 as asked" in block and "files written by rank 0" in block
     assert "ran earlier in this build" not in english
     assert chinese.lstrip().startswith("(the same command, from the same scripts and inputs, ran earlier")
+
+
+def test_every_page_names_both_licences_in_its_footer(pages):
+    """The text is CC BY-SA 4.0 and the code MIT-0; each page's footer says so."""
+    licence_files = {"LICENSE-TEXT", "LICENSE-CODE"}
+    assert all((ROOT / name).is_file() for name in licence_files)
+    unnamed = [str(path.relative_to(HTML)) for path, page in pages.items()
+               if not page.with_class("book-licence", "p")
+               or not {href.rsplit("/", 1)[-1] for href in page.links} >= licence_files]
+    assert not unnamed, f"{len(unnamed)} pages without the licences in their footer: {unnamed[:5]}"
