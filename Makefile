@@ -17,9 +17,9 @@ PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
 
 .PHONY: book test check oldest-torch browser gpu-check gpu-bundle student-copies clean
 
-$(INSTALLED): requirements.txt book/tools/offline_assets.py
+$(INSTALLED): requirements.txt requirements-dev.txt book/tools/offline_assets.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
 	$(BIN)/python -m book.tools assets  # widgets, require.js, MathJax: pinned npm tarballs, once
 	touch $@
 
@@ -27,7 +27,7 @@ $(INSTALLED): requirements.txt book/tools/offline_assets.py
 # target, _build/html/.stamp, over every file the build reads. A fresh clone (and CI) has
 # no _build, so it builds from scratch.
 BOOK_STAMP := _build/html/.stamp
-BOOK_SOURCES := _config.yml _toc.yml requirements.txt $(shell find notebooks ddp_scripts book results \
+BOOK_SOURCES := _config.yml _toc.yml requirements.txt requirements-dev.txt $(shell find notebooks ddp_scripts book results \
 	-type f -not -path '*/__pycache__/*' -not -path '*/.ipynb_checkpoints/*' 2>/dev/null)
 
 book: $(BOOK_STAMP)
@@ -50,7 +50,7 @@ VISION_FLOOR := $(shell sed -n 's/^torchvision>=\([0-9.]*\).*/\1/p' requirements
 OLDEST := .venv-oldest
 oldest-torch:
 	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
-	$(OLDEST)/bin/python -m pip install -q -r requirements.txt "torch==$(TORCH_FLOOR).*" "torchvision==$(VISION_FLOOR).*"
+	$(OLDEST)/bin/python -m pip install -q -r requirements-dev.txt "torch==$(TORCH_FLOOR).*" "torchvision==$(VISION_FLOOR).*"
 	$(OLDEST)/bin/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
 	$(OLDEST)/bin/python -m pytest --nbmake -n 2 -p no:cacheprovider -o addopts= --nbmake-timeout=900 notebooks/*.ipynb
 

@@ -462,3 +462,45 @@ def test_the_code_passes_the_linter():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-1000:]
+
+
+def top_level_imports(source):
+    """The top-level package of each import statement in source ('' where it does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:   # a cell with IPython magic; the chapters import in plain cells
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_readers_requirements_cover_what_the_chapters_and_scripts_import():
+    """requirements.txt is the reader's install: every package a chapter or a companion script
+    imports comes from it, and nothing the build or the tests alone need is in it."""
+    from importlib.metadata import packages_distributions
+
+    def names(path):
+        return {re.split(r"[<>=!~;\s\[]", line.strip())[0].lower()
+                for line in path.read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith(("#", "-r"))}
+
+    reader, developer = names(ROOT / "requirements.txt"), names(ROOT / "requirements-dev.txt")
+    sources = [path.read_text() for path in (ROOT / "ddp_scripts").rglob("*.py")]
+    sources += [path.read_text() for path in (ROOT / "notebooks").glob("*.py")]
+    sources += [cell_source(cell) for path, _ in CHAPTERS
+                for cell in load_notebook(path)["cells"] if cell["cell_type"] == "code"]
+    imported = set().union(*map(top_level_imports, sources))
+    local = {"ddp_scripts", "notebooks", "book", "chapter_tools", "selfcheck", "machine_check"}
+    providers = packages_distributions()
+    outside = imported - local - set(sys.stdlib_module_names)
+    providers["IPython"] = ["ipykernel"]   # the kernel brings IPython: the chapters need both
+    missing = {name: providers.get(name) for name in outside
+               if not {dist.lower() for dist in providers.get(name, [])} & reader}
+    assert not missing, f"imported but not in requirements.txt: {missing}"
+    assert not reader & developer, f"in both requirement files: {reader & developer}"
+    assert {"nbmake", "pytest", "jupyter-book", "ruff"} <= developer and not {"nbmake", "pytest"} & reader
