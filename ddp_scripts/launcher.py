@@ -17,6 +17,7 @@ import contextlib
 import io
 import os
 import queue
+import shlex
 import shutil
 import signal
 import socket
@@ -85,7 +86,7 @@ _TEMPORARY_LOG_DIRS = set()
 
 
 def run_script(script, nproc=None, out=None, timeout=600, progress="auto", torchrun_args=(),
-               env=None, echo=print, **options):
+               env=None, echo=print, show_command=False, **options):
     """Run `script` from ddp_scripts/ and return its metrics as a pandas DataFrame.
 
     script   e.g. "train_ddp.py" or "train_single.py"
@@ -94,6 +95,7 @@ def run_script(script, nproc=None, out=None, timeout=600, progress="auto", torch
     timeout  seconds before the whole run is ended and LaunchTimeout raised
     progress "auto": a progress bar in an interactive notebook, plain lines otherwise
     echo     called with each output line (default: print it)
+    show_command  first echo the command line this runs, as a shell would take it
     options  the script's own options, as keywords: epochs=2, batch_size=32, resume=True
     """
     if out is not None:
@@ -103,9 +105,31 @@ def run_script(script, nproc=None, out=None, timeout=600, progress="auto", torch
         command = [sys.executable, str(SCRIPTS / script), *script_args]
     else:
         command = torchrun_command(script, nproc, script_args, torchrun_args=torchrun_args)
+    if show_command:
+        echo("$ " + shell_line(command, env))
     run_command(command, timeout=timeout, progress=progress, out=out,
                 total_epochs=options.get("epochs"), env=env, echo=echo)
     return read_metrics(out) if out is not None else None
+
+
+def added_environment(env=None):
+    """The variables a run gets on top of this process's: `env`, and the launcher's own.
+    PYTHONUNBUFFERED makes every line arrive as it is printed; OMP_NUM_THREADS set here
+    spares every run torchrun's banner about it (the scripts choose their own thread count,
+    cores / processes, anyway)."""
+    added = {"PYTHONUNBUFFERED": "1", **(env or {})}
+    if "OMP_NUM_THREADS" not in os.environ:
+        added.setdefault("OMP_NUM_THREADS", "1")
+    return added
+
+
+def shell_line(command, env=None):
+    """`command`, run with `env`, as one line a shell runs the same way: the variables the
+    launcher adds first (all but the error file's, a temporary path), every word quoted
+    where it must be, paths inside the repository relative to it (run it from there)."""
+    from ddp_scripts.benchmark import _relative   # the benchmark's results name paths so too
+    variables = [f"{name}={shlex.quote(value)}" for name, value in added_environment(env).items()]
+    return " ".join([*variables, shlex.join(_relative(str(word)) for word in command)])
 
 
 def read_metrics(out):
@@ -177,11 +201,8 @@ def _run(command, timeout, progress, out, total_epochs, env, echo):
     # that times out).
     log_dir = command[command.index("--log-dir") + 1] if "--log-dir" in command else None
     error_dir = log_dir or tempfile.mkdtemp(prefix="launch-")
-    # OMP_NUM_THREADS set here spares every run torchrun's banner about it; the scripts
-    # choose their own thread count (cores / processes) anyway.
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
+    full_env = {**os.environ, **added_environment(env),
                 ERROR_FILE_VARIABLE: str(Path(error_dir) / ERROR_FILE_NAME)}
-    full_env.setdefault("OMP_NUM_THREADS", "1")
     lines, bar = [], _progress_bar(progress, total_epochs if out is not None else None)
     try:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -3,14 +3,17 @@
     from notebooks.machine_check import gather_facts, check, print_findings, strings_in_library
 
 `gather_facts()` reads this machine (GPUs, peer-to-peer access, /dev/shm, driver, the wheel's
-CUDA version and architectures); `check(facts)` turns facts into findings, each with what to
+CUDA version and architectures; the GPUs pair by pair in a child process, with a time limit,
+as a copy between two GPUs can hang); `check(facts)` turns facts into findings, each with what to
 change; `print_findings` prints them. `check` reads nothing itself, so the tests can give it any
 machine (a 64 MB /dev/shm, two GPUs without peer-to-peer, a TITAN Xp).
 """
+import json
 import os
 import pathlib
 import shutil
 import subprocess
+import sys
 
 import torch
 
@@ -23,6 +26,10 @@ SHM_WANTED = 2**30
 # The oldest driver branch each CUDA major version runs on, on Linux (NVIDIA's "CUDA
 # Compatibility" guide, minor version compatibility: 13.x >= 580, 12.x >= 525, 11.x >= 450).
 MIN_DRIVER = {13: 580, 12: 525, 11: 450}
+
+# Seconds the copies between every pair of GPUs may take (1 MiB each: well under a second a
+# pair on a healthy machine; the rest is the child's start, importing torch, starting CUDA).
+PAIRS_TIMEOUT_S = 120
 
 # Integrated (Jetson) GPUs: code for another compute capability does not run on them.
 INTEGRATED = {53, 62, 72, 87, 101, 110}
@@ -77,22 +84,69 @@ def driver_version():
     return lines[0].strip() if done.returncode == 0 and lines else None
 
 
-def gather_facts():
-    """What the checks need, read from this machine and this torch."""
-    gpus, peer, copies = [], {}, {}
+def gather_facts(pairs_timeout_s=PAIRS_TIMEOUT_S):
+    """What the checks need, read from this machine and this torch. The GPUs are compared
+    pair by pair in a child process (`pairs_in_child`), which starts CUDA on every visible GPU
+    and ends with it; this process only reads their names and compute capabilities."""
+    gpus, pairs = [], {"peer": {}, "copies_equal": {}, "pairs_problem": None}
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             gpus.append({"index": index, "name": torch.cuda.get_device_name(index),
                          "capability": tuple(torch.cuda.get_device_capability(index))})
-        for i in range(len(gpus)):
-            for j in range(len(gpus)):
-                if i != j:
-                    peer[i, j] = torch.cuda.can_device_access_peer(i, j)
-                    copies[i, j] = copy_comes_back_equal(i, j)
-    return {"gpus": gpus, "peer": peer, "copies_equal": copies, "shm_bytes": shm_bytes(),
+        if len(gpus) > 1:
+            pairs = pairs_in_child(timeout_s=pairs_timeout_s)
+    return {"gpus": gpus, **pairs, "shm_bytes": shm_bytes(),
             "driver": driver_version(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "arch_list": torch.cuda.get_arch_list(),
             "releases": dict(getattr(torch.cuda, "PYTORCH_RELEASES_CODE_CC", {}))}
+
+
+def pair_facts():
+    """For every ordered pair of visible GPUs: peer-to-peer access, and whether a copy comes
+    back equal. Creates a CUDA context on every GPU: run it in a child (`pairs_in_child`)."""
+    peer, copies = {}, {}
+    count = torch.cuda.device_count()
+    for i in range(count):
+        for j in range(count):
+            if i != j:
+                peer[i, j] = torch.cuda.can_device_access_peer(i, j)
+                copies[i, j] = copy_comes_back_equal(i, j)
+    return {"peer": peer, "copies_equal": copies}
+
+
+# The child's program: the pairs, printed as one line of JSON (pairs as "i,j" keys).
+PAIRS_CHILD = f"""import json, sys
+sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parents[1])!r})
+from notebooks.machine_check import pair_facts
+print(json.dumps({{name: {{f"{{i}},{{j}}": ok for (i, j), ok in facts.items()}}
+                  for name, facts in pair_facts().items()}}))
+"""
+
+
+def pairs_in_child(timeout_s=PAIRS_TIMEOUT_S, program=PAIRS_CHILD):
+    """pair_facts() in a child process that gets `timeout_s` seconds. A copy between two GPUs
+    can hang (peer-to-peer through a PCIe switch with ACS on, say): then the child is killed,
+    and "pairs_problem" says so, for the check to report, instead of the notebook freezing.
+    A child that fails says so there too. The child inherits CUDA_VISIBLE_DEVICES."""
+    nothing = {"peer": {}, "copies_equal": {}}
+    child = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        out, err = child.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        try:
+            child.communicate(timeout=30)  # a process stuck in the driver may not even die
+        except subprocess.TimeoutExpired:
+            pass
+        return {**nothing, "pairs_problem": f"did not finish within {timeout_s:g} s and was ended"}
+    lines = out.strip().splitlines()
+    if child.returncode != 0 or not lines:
+        last = (err.strip().splitlines() or ["no output"])[-1]
+        return {**nothing, "pairs_problem": f"failed (exit status {child.returncode}): {last}"}
+    read = json.loads(lines[-1])
+    return {**{name: {tuple(map(int, pair.split(","))): ok for pair, ok in facts.items()}
+               for name, facts in read.items()}, "pairs_problem": None}
 
 
 def copy_comes_back_equal(source, target):
@@ -217,6 +271,12 @@ def check(facts):
         findings.append(("not checked", "peer-to-peer", (
             f"{len(gpus)} GPU(s): with two or more this checks "
             "torch.cuda.can_device_access_peer for every pair, and copies between them")))
+    elif facts.get("pairs_problem"):
+        findings.append(("change", "peer-to-peer", (
+            f"the copies between every pair of GPUs {facts['pairs_problem']}. Where copies "
+            "between GPUs hang or fail, NCCL and DataParallel do too: try NCCL_P2P_DISABLE=1, "
+            "and on a server ask whether ACS or the IOMMU is on. Run the check with "
+            "CUDA_VISIBLE_DEVICES=0,1 (and so on) to test one pair at a time")))
     else:
         without = sorted((i, j) for (i, j), ok in facts["peer"].items() if not ok and i < j)
         wrong = sorted(pair for pair, ok in facts["copies_equal"].items() if not ok)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from notebooks.machine_check import check, gather_facts, runs_on
+from notebooks.machine_check import check, gather_facts, pairs_in_child, runs_on
 
 CU130 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 RELEASES = {"12.6": {"x86_64": {50, 60, 70, 75, 80, 86, 90}},
@@ -111,3 +111,36 @@ def test_strings_in_library_reads_whole_messages(tmp_path):
     assert strings_in_library(library, "initialization", "too old", "missing") == [
         "CUDA initialization: ", "The driver is too old (found ",
         "('missing' is not in libfake.so)"]
+
+
+def test_copies_that_hang_become_a_finding_not_a_frozen_notebook():
+    """The pairs run in a child with a time limit: a child that never ends is ended."""
+    facts = pairs_in_child(timeout_s=1, program="import time\ntime.sleep(600)\n")
+    assert facts == {"peer": {}, "copies_equal": {},
+                     "pairs_problem": "did not finish within 1 s and was ended"}
+    status, text = by_topic(check(machine(**facts)))["peer-to-peer"]
+    assert status == "change"
+    assert "did not finish within 1 s" in text and "NCCL_P2P_DISABLE=1" in text
+    assert "CUDA_VISIBLE_DEVICES=0,1" in text
+    assert "copies" not in by_topic(check(machine(**facts)))   # nothing claimed about them
+
+
+def test_a_child_that_fails_is_a_finding_too():
+    facts = pairs_in_child(timeout_s=120, program="raise SystemExit('no CUDA in the child')")
+    assert facts["pairs_problem"] == "failed (exit status 1): no CUDA in the child"
+    assert by_topic(check(machine(**facts)))["peer-to-peer"][0] == "change"
+
+
+def test_the_childs_answer_is_read_back_pair_by_pair():
+    answer = '{"peer": {"0,1": true, "1,0": false}, "copies_equal": {"0,1": true, "1,0": true}}'
+    facts = pairs_in_child(timeout_s=120, program=f"print('warming up')\nprint({answer!r})")
+    assert facts == {"peer": {(0, 1): True, (1, 0): False},
+                     "copies_equal": {(0, 1): True, (1, 0): True}, "pairs_problem": None}
+
+
+def test_the_child_program_imports_and_reads_no_pairs_without_gpus():
+    """PAIRS_CHILD itself, run where the GPUs are fewer than two: it finds the module from
+    any folder and answers with empty pairs."""
+    if torch.cuda.device_count() > 1:
+        pytest.skip("with several GPUs the child would compare them: gather_facts' test does")
+    assert pairs_in_child() == {"peer": {}, "copies_equal": {}, "pairs_problem": None}

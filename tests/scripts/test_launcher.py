@@ -5,11 +5,12 @@ the launcher's timeout and a stopped notebook ending a hung run (test_faults.py)
 """
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
 
-from ddp_scripts import run_records
+from ddp_scripts import launcher, run_records
 from ddp_scripts.launcher import LaunchError, run_command, run_main, run_script, torchrun_command
 from ddp_scripts.mistakes.faults import RankKiller, processes_mentioning
 
@@ -186,3 +187,22 @@ def test_without_run_records_every_command_runs(tmp_path, monkeypatch):
     for attempt in range(2):
         run_command(command, timeout=120, echo=lambda line: None)
     assert runs.read_text() == "2"
+
+
+def test_show_command_echoes_the_command_that_runs(tmp_path, monkeypatch):
+    """The line shown is the one run: a shell given it starts the same script with the same
+    arguments and the launcher's variables, and prints what the launched run printed."""
+    script = tmp_path / "says.py"
+    script.write_text("import os, sys\nprint(sys.argv[1:], os.environ['PYTHONUNBUFFERED'],"
+                      " os.environ['WHO'], flush=True)\n")
+    shown = []
+    monkeypatch.setattr(launcher, "SCRIPTS", tmp_path)
+    monkeypatch.delenv("RUN_RECORDS", raising=False)   # run, not replayed
+    assert run_script("says.py", env={"WHO": "me too"}, progress=False, echo=shown.append,
+                      show_command=True, note="two words", flag=True) is None
+    line, printed = shown
+    assert line.startswith("$ PYTHONUNBUFFERED=1 WHO='me too' ")
+    assert printed == "['--note', 'two words', '--flag'] 1 me too"
+    again = subprocess.run(["bash", "-c", line.removeprefix("$ ")], capture_output=True,
+                           text=True, timeout=120)
+    assert again.stdout.strip() == printed
