@@ -117,13 +117,22 @@ def whole_weight_bytes(model):
 
 
 def note_whole_weights(model, samples):
-    """Count the whole weights as each layer starts its forward and its backward."""
+    """Count the whole weights as each layer starts its forward and its backward. The
+    backward count is a hook on the layer's output, called when its gradient arrives, the
+    moment the layer's backward starts. (A module backward hook would do the same, but it
+    returns the layer's output as a view, and FSDP2 warns when a unit returns a view.)"""
+    def count(name):
+        samples.append((phase[0], name, whole_weight_bytes(model)))
+
+    def count_in_backward(layer, inputs, output, name):
+        if output.requires_grad:
+            output.register_hook(lambda grad: count(name))
+
     layers = [(name, m) for name, m in model.named_modules() if not list(m.children())]
     for name, layer in layers:
-        layer.register_forward_pre_hook(
-            lambda m, inputs, name=name: samples.append((phase[0], name, whole_weight_bytes(model))))
-        layer.register_full_backward_pre_hook(
-            lambda m, grads, name=name: samples.append((phase[0], name, whole_weight_bytes(model))))
+        layer.register_forward_pre_hook(lambda m, inputs, name=name: count(name))
+        layer.register_forward_hook(lambda m, inputs, output, name=name:
+                                    count_in_backward(m, inputs, output, name))
 
 
 def one_step(setup, width, depth, batch):
