@@ -1,23 +1,26 @@
 """The book's tooling, one command line, run from the repository root:
 
     python -m book.tools build            # execute every notebook once, render the site (make book)
-    python -m book.tools check            # the set-up cell and the Chinese pages in step? (exit 1 if not)
+    python -m book.tools check            # every check of the sources: each problem on one line (exit 1)
     python -m book.tools sync             # copy both in: the set-up cell, the code into the Chinese pages
     python -m book.tools student-copies   # the notebooks without their solutions (make student-copies)
     python -m book.tools gpu-check        # validate and record the book on a GPU (make gpu-check)
 
-and each part on its own: translations, setup-cell, assets (COMMAND --help says more).
+and each part on its own: sources (the editorial checks), translations, setup-cell, assets
+(COMMAND --help says more).
 """
+import contextlib
 import importlib
+import io
 import sys
 
 from book.tools import ToolError
 
 MODULES = {"build": "build", "student-copies": "student_copies", "gpu-check": "gpu_check",
            "translations": "translations", "setup-cell": "sync_setup_cell",
-           "assets": "offline_assets"}
-# Two tools each: what the pre-commit hooks check, and how to fix it.
-BOTH = {"check": [["setup-cell", "--check"], ["translations", "check"]],
+           "assets": "offline_assets", "sources": "sources"}
+# Commands made of tools: `check` (what the pre-commit hook runs) and `sync` (how to fix the first two).
+BOTH = {"check": [["setup-cell", "--check"], ["translations", "check"], ["sources"]],
         "sync": [["setup-cell"], ["translations", "sync"]]}
 
 
@@ -29,11 +32,21 @@ def main(argv=None):
     try:
         if argv[0] not in {**MODULES, **BOTH}:
             raise ToolError(f"no command {argv[0]!r}; one of: {', '.join([*BOTH, *MODULES])}")
+        if argv[0] == "check" and argv[1:]:
+            raise ToolError("check takes no arguments; its parts do: setup-cell --check, "
+                            "translations check, sources (COMMAND --help says more)")
         statuses = []
         for command, *given in BOTH.get(argv[0], [[argv[0]]]):
             sys.argv[0] = f"python -m book.tools {command}"   # what argparse's usage lines name
             module = importlib.import_module(f"book.tools.{MODULES[command]}")
-            statuses.append(module.main([*given, *argv[1:]]) or 0)
+            said = io.StringIO()   # `check` shows a part's output only where it found something
+            with contextlib.redirect_stdout(said) if argv[0] == "check" else contextlib.nullcontext():
+                statuses.append(module.main([*given, *argv[1:]]) or 0)
+            if statuses[-1] or argv[0] != "check":
+                print(said.getvalue(), end="")
+        if argv[0] == "check" and not max(statuses):
+            print("No problems: the set-up cell in every chapter, the Chinese edition in step "
+                  f"with the English, {importlib.import_module('book.tools.sources').summary()}.")
         return max(statuses)
     except ToolError as error:
         print(f"error: {error}", file=sys.stderr)

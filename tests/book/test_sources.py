@@ -1,49 +1,26 @@
-"""The committed sources of the book: table of contents, notebooks, set-up cell, exercises."""
+"""The committed sources of the book. What a page or a notebook must look like is checked by
+`python -m book.tools check` (book/tools/sources.py, beside the set-up cell's and the
+translations' checks); here one test runs it on the committed sources, and the others show that
+each of its editorial checks finds a flaw planted in a copy. Then what the sources do: the
+set-up cell run alone, the README's and CI's commands, the reader's requirements."""
 import ast
+import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from markdown_it import MarkdownIt
-from mdit_py_plugins.colon_fence import colon_fence_plugin
 
-from book_files import (ROOT, SETUP_CELL, cell_source, chapter_id, chapters, config,
-                        first_code_cell, load_notebook, source_path, toc_entries)
+from book_files import ROOT, SETUP_CELL, cell_source, chapters, config, load_notebook
 
+from book.tools import __main__ as tools, sources
+from book.tools.sources import exercise_shape_problems, fence_problems
 
 CHAPTERS = chapters()
-CHAPTER_IDS = [path.stem for path, _ in CHAPTERS]
-
-# The block parser MyST uses for fences and colon fences.
-PARSER = MarkdownIt("commonmark").use(colon_fence_plugin)
-
-
-def fence_problems(markdown):
-    """Directive fences closed early by a fence inside them, as messages (empty: none).
-
-    ```{solution} ... ```python ... ``` ... ``` ends at the inner closing fence: the rest of
-    the answer falls outside the solution, visible. The fence around must be longer
-    (````{solution}) or use colons (:::{solution}, with myst's colon_fence).
-    """
-    problems = []
-    for token in PARSER.parse(markdown):
-        match = re.match(r"\s*\{([\w-]+)\}", token.info or "")
-        if token.type not in ("fence", "colon_fence") or token.map is None or not match:
-            continue
-        name, char, length = match.group(1), token.markup[0], len(token.markup)
-        for offset, line in enumerate(token.content.splitlines(), start=1):
-            inner = re.match(r" {0,3}(`{3,}|~{3,}|:{3,})", line)
-            if inner and inner.group(1)[0] == char and len(inner.group(1)) >= length:
-                problems.append(f"the {{{name}}} block at line {token.map[0] + 1} is closed "
-                                f"early by the fence at line {token.map[0] + 1 + offset}: "
-                                f"open it with a longer fence ({char * (length + 1)}{{{name}}})")
-                break
-    return problems
-
 
 
 def test_readme_gives_the_two_commands_and_ci_runs_the_test_command():
@@ -54,193 +31,158 @@ def test_readme_gives_the_two_commands_and_ci_runs_the_test_command():
     assert commands[-1] == "make test", f".ci/run must end with `make test`, not {commands[-1]!r}"
 
 
-def test_every_toc_entry_has_a_source_file():
-    missing = [entry for entry, _ in toc_entries() if not source_path(entry).exists()]
-    assert not missing, f"in _toc.yml but not in the repository: {missing}"
+def test_the_committed_sources_pass_every_check(monkeypatch, capsys):
+    """`python -m book.tools check`: the set-up cell, the editions in step, the editorial checks."""
+    monkeypatch.setattr(sys, "argv", ["python -m book.tools"])
+    status = tools.main(["check"])
+    said = capsys.readouterr()
+    assert status == 0, said.out + said.err
+    assert said.out.startswith("No problems") and said.out.count("\n") == 1, said.out
 
 
-def test_every_notebook_is_in_the_toc():
-    listed = {path for path, _ in CHAPTERS}
-    orphans = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb") if p not in listed)
-    assert not orphans, f"notebooks missing from _toc.yml (the book would not show them): {orphans}"
+# ---------------------------------------------------------------------------------------
+# Each editorial check finds a flaw planted in a copy of the sources
+# ---------------------------------------------------------------------------------------
+@pytest.fixture
+def copy(tmp_path):
+    """What the editorial checks read, copied: the settings, the English chapters, the front
+    matter, the set-up cell and the scripts the chapters include."""
+    for name in ("_toc.yml", "_config.yml", "README.md", "pyproject.toml", "book/tools/setup_cell.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    for folder, pattern in (("notebooks", "*.ipynb"), ("book", "*.md")):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        for path in (ROOT / folder).glob(pattern):
+            shutil.copy(path, tmp_path / folder / path.name)
+    shutil.copytree(ROOT / "ddp_scripts", tmp_path / "ddp_scripts",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
 
 
-def test_toc_numbers_the_chapters_in_file_order():
-    assert [number for _, number in CHAPTERS] == [chapter_id(p) for p, _ in CHAPTERS]
+def first_chapter(root):
+    return sources.chapters(root)[0][0]
 
 
-@pytest.fixture(params=CHAPTERS, ids=CHAPTER_IDS)
-def chapter(request):
-    path, number = request.param
-    if not path.exists():
-        pytest.fail(f"{path.relative_to(ROOT)} is listed in _toc.yml but does not exist",
-                    pytrace=False)
-    return path, number, load_notebook(path)
+def edit_notebook(root, change):
+    """Change the first chapter's notebook: change(notebook), its cells' sources as strings."""
+    path = first_chapter(root)
+    notebook = json.loads(path.read_text())
+    for cell in notebook["cells"]:
+        cell["source"] = cell_source(cell)
+    change(notebook)
+    path.write_text(json.dumps(notebook))
 
 
-def test_notebook_is_committed_without_outputs_or_widget_state(chapter):
-    path, _, notebook = chapter
-    dirty = [i for i, cell in enumerate(notebook["cells"]) if cell["cell_type"] == "code"
-             and (cell.get("outputs") or cell.get("execution_count") is not None)]
-    assert not dirty, f"{path.name}: code cells {dirty} have outputs or execution counts"
-    assert "widgets" not in notebook.get("metadata", {}), f"{path.name} holds widget state"
+def edit_text(path, change):
+    path.write_text(change(path.read_text()))
 
 
-def test_notebook_uses_the_python3_kernel(chapter):
-    path, _, notebook = chapter
-    kernel = notebook.get("metadata", {}).get("kernelspec", {})
-    assert (kernel.get("name"), kernel.get("language")) == ("python3", "python"), path.name
+def code_cell(notebook):
+    return next(cell for cell in notebook["cells"][1:] if cell["cell_type"] == "code")
 
 
-def test_title_carries_the_chapter_number_of_the_toc(chapter):
-    path, number, notebook = chapter
-    first = notebook["cells"][0]
-    assert first["cell_type"] == "markdown", f"{path.name}: the first cell must be the title"
-    title = cell_source(first).lstrip().splitlines()[0]
-    assert re.match(rf"# {number}\. \S", title), (
-        f"{path.name}: title {title!r} should start with '# {number}. ' (its place in _toc.yml)")
-    titles = [token for cell in notebook["cells"] if cell["cell_type"] == "markdown"
-              for token in PARSER.parse(cell_source(cell))
-              if token.type == "heading_open" and token.tag == "h1"]
-    assert len(titles) == 1, f"{path.name}: one '#' title only, then '##' sections"
+def append_markdown(text):
+    return lambda notebook: notebook["cells"].append(
+        {"cell_type": "markdown", "id": "planted", "metadata": {}, "source": text})
 
 
-def test_first_code_cell_is_the_setup_cell(chapter):
-    path, _, notebook = chapter
-    cell = first_code_cell(notebook)
-    assert cell is not None and cell_source(cell).rstrip("\n") == SETUP_CELL.read_text().rstrip(
-        "\n"), (f"{path.name}: the first code cell differs from book/tools/setup_cell.py "
-                "(python -m book.tools setup-cell copies it in)")
+def swap_first_two_chapters(root):
+    first, second = [path.stem for path, _ in sources.chapters(root)[:2]]
+    edit_text(root / "_toc.yml", lambda text: text.replace(first, "@@").replace(second, first)
+              .replace("@@", second))
 
 
-def test_chapter_ends_with_summary_and_exercises(chapter):
-    path, _, notebook = chapter
-    text = "\n".join(cell_source(c) for c in notebook["cells"] if c["cell_type"] == "markdown")
-    sections = re.findall(r"^## (.+?)\s*$", text, flags=re.M)
-    assert "Summary" in sections and "Exercises" in sections, f"{path.name}: {sections}"
+def lengthen_the_first_chapter_in_the_guide(root):
+    stem = first_chapter(root).stem
+    edit_text(root / "book" / "instructor-guide.md", lambda text: re.sub(
+        rf"^(\| {{doc}}`../notebooks/{stem}` \|.*?\| )(\d+)( min \|)",
+        lambda m: f"{m.group(1)}{int(m.group(2)) + 1}{m.group(3)}", text, flags=re.M))
 
 
-def directive_blocks(notebook, name):
-    """(cell index, argument line, body) of every ```{name} block in the markdown cells."""
-    found = []
-    pattern = re.compile(rf"^(?P<fence>`{{3,}}|:{{3,}})\{{{name}\}}[ \t]*(?P<arg>.*)$\n"
-                         rf"(?P<body>(?:.*\n)*?)(?P=fence)\s*$", re.M)
-    for index, cell in enumerate(notebook["cells"]):
-        if cell["cell_type"] == "markdown":
-            found += [(index, m.group("arg").strip(), m.group("body"))
-                      for m in pattern.finditer(cell_source(cell) + "\n")]
-    return found
+PLANTED = {   # a flaw: (the check that must find it, how to plant it in the copy)
+    "a toc entry without its file": (
+        sources.toc_entries_exist, lambda root: first_chapter(root).unlink()),
+    "a notebook not in the toc": (
+        sources.notebooks_in_the_toc,
+        lambda root: shutil.copy(first_chapter(root), root / "notebooks" / "99_extra.ipynb")),
+    "two chapters swapped in the toc": (
+        sources.toc_numbers_the_chapters_in_file_order, swap_first_two_chapters),
+    "an output committed": (
+        sources.committed_without_outputs_or_widget_state, lambda root: edit_notebook(
+            root, lambda nb: code_cell(nb).update(execution_count=1, outputs=[
+                {"output_type": "stream", "name": "stdout", "text": "planted\n"}]))),
+    "widget state committed": (
+        sources.committed_without_outputs_or_widget_state,
+        lambda root: edit_notebook(root, lambda nb: nb["metadata"].update(widgets={}))),
+    "another kernel": (
+        sources.the_python3_kernel,
+        lambda root: edit_notebook(root, lambda nb: nb["metadata"]["kernelspec"].update(name="python2"))),
+    "a title with another number": (
+        sources.the_title_carries_the_chapter_number, lambda root: edit_notebook(
+            root, lambda nb: nb["cells"][0].update(
+                source=re.sub(r"^# \d+\.", "# 99.", nb["cells"][0]["source"].lstrip())))),
+    "a second title": (
+        sources.the_title_carries_the_chapter_number,
+        lambda root: edit_notebook(root, append_markdown("# A second title"))),
+    "no Summary section": (
+        sources.ends_with_summary_and_exercises, lambda root: edit_text(
+            first_chapter(root), lambda text: text.replace("## Summary", "## Recap"))),
+    "an open solution": (
+        sources.exercises_have_labelled_collapsed_solutions, lambda root: edit_text(
+            first_chapter(root), lambda text: text.replace(":class: dropdown", ":class: tip"))),
+    "a solution closed early by its own code fence": (
+        sources.directive_fences_nested_correctly, lambda root: edit_notebook(root, append_markdown(
+            "```{solution} ch01-planted\n:class: dropdown\n```python\nleak()\n```\n```"))),
+    "a solution as a code cell": (
+        sources.exercises_have_the_one_shape, lambda root: edit_notebook(
+            root, lambda nb: nb["cells"][-1].update(cell_type="code", execution_count=None, outputs=[],
+                                                    metadata={"tags": ["solution"]}))),
+    "another time in the instructor guide": (
+        sources.the_instructor_guide_lists_the_chapter_with_its_own_time,
+        lengthen_the_first_chapter_in_the_guide),
+    "the set-up cell fetching another repository": (
+        sources.the_setup_cell_names_the_configured_repository, lambda root: edit_text(
+            root / "book/tools/setup_cell.py",
+            lambda text: re.sub(r'^REPOSITORY = ".*"$', 'REPOSITORY = "https://github.com/a/b"', text,
+                                flags=re.M))),
+    "the README naming another repository": (
+        sources.the_docs_name_the_configured_repository, lambda root: edit_text(
+            root / "README.md", lambda text: text + "\ngit clone https://github.com/someone/else\n")),
+    "an included function renamed": (
+        sources.included_code_is_still_there, lambda root: edit_notebook(root, append_markdown(
+            "```{literalinclude} ../ddp_scripts/common.py\n:pyobject: no_such_function\n```"))),
+    "an indented include of a file that is gone": (
+        sources.included_code_is_still_there, lambda root: edit_notebook(root, append_markdown(
+            "- a list item\n\n  ```{literalinclude} ../ddp_scripts/gone.py\n  :lines: 1-2\n  ```"))),
+    "an unused import": (
+        sources.the_linter,
+        lambda root: (root / "ddp_scripts" / "planted.py").write_text("import os\n")),
+}
 
 
-def test_exercises_have_labelled_collapsed_solutions(chapter):
-    path, number, notebook = chapter
-    exercises = directive_blocks(notebook, "exercise")
-    assert exercises, f"{path.name} has no {{exercise}}"
-    labels = [re.search(r"^:label:\s*(\S+)", body, re.M) for _, _, body in exercises]
-    assert all(labels), f"{path.name}: every exercise needs a :label:"
-    labels = [m.group(1) for m in labels]
-    prefix = f"ch{number:02d}-"
-    assert all(label.startswith(prefix) for label in labels), (
-        f"{path.name}: labels must start with {prefix}: {labels}")
-    solutions = directive_blocks(notebook, "solution")
-    for _, target, body in solutions:
-        assert target in labels, f"{path.name}: solution to unknown exercise {target!r}"
-        assert re.search(r"^:class:\s*dropdown\s*$", body, re.M), (
-            f"{path.name}: the solution to {target} must be collapsed (:class: dropdown)")
-    tagged = [c for c in notebook["cells"] if "solution" in c.get("metadata", {}).get("tags", [])]
-    assert solutions or tagged, f"{path.name}: no solution at all"
-    assert not any("{solution-start}" in cell_source(c) for c in notebook["cells"]), (
-        f"{path.name}: gated solutions ({{solution-start}}) crash sphinx-exercise 1.2; "
-        "use {solution} with :class: dropdown")
+def test_every_editorial_check_has_a_planted_flaw():
+    assert {check.__name__ for check, _ in PLANTED.values()} == {
+        check.__name__ for check in sources.CHECKS}
 
 
-def test_directive_fences_are_nested_correctly(chapter):
-    path, _, notebook = chapter
-    problems = [f"cell {i}: {problem}" for i, cell in enumerate(notebook["cells"])
-                if cell["cell_type"] == "markdown" for problem in fence_problems(cell_source(cell))]
-    assert not problems, f"{path.name}: " + "; ".join(problems)
+@pytest.mark.parametrize("flaw", PLANTED)
+def test_each_editorial_check_finds_its_planted_flaw(flaw, copy):
+    check, plant = PLANTED[flaw]
+    if check is sources.the_linter and sources.importlib.util.find_spec("ruff") is None:
+        pytest.skip("ruff is not installed (requirements-dev.txt brings it)")
+    before = set(check(copy))
+    plant(copy)
+    found = set(check(copy)) - before
+    assert found, f"not found: {flaw}"
+    assert all(problem.count("\n") == 0 and ":" in problem for problem in found), found
 
 
-def tags(cell):
-    return cell.get("metadata", {}).get("tags", [])
-
-
-def exercise_shape_problems(notebook):
-    """What departs from the one shape of an exercise (book/instructor-guide.md, "Exercises and self-checks"):
-
-    1. a markdown cell that ends with one {exercise} block (prose only before the first);
-    2. for an exercise with a value to check: a code cell tagged `answer` where the student
-       writes it, then a code cell tagged `self-check` that calls notebooks.selfcheck.check
-       and compares nothing itself (no `==`, no answer in sight);
-    3. a markdown cell that is one {solution} block for that exercise, collapsed.
-    Solutions are never code cells: a student copy drops the {solution} blocks, and nothing
-    after them can depend on them.
-    """
-    cells, problems = notebook["cells"], []
-    for index, cell in enumerate(cells):
-        if "solution" in tags(cell):
-            problems.append(f"cell {index} is tagged 'solution': write solutions as "
-                            "{solution} blocks in markdown")
-    starts = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
-              and directive_blocks({"cells": [c]}, "exercise")]
-    if not starts:
-        return problems + ["no {exercise}"]
-    index = starts[0]
-    while index < len(cells):
-        cell = cells[index]
-        exercises = directive_blocks({"cells": [cell]}, "exercise")
-        if cell["cell_type"] != "markdown" or len(exercises) != 1:
-            problems.append(f"cell {index}: expected one {{exercise}} in a markdown cell")
-            break
-        source = cell_source(cell).rstrip()
-        if not re.search(r"^(`{3,}|:{3,})\s*$", source.splitlines()[-1]) or (
-                index != starts[0] and not re.match(r"(`{3,}|:{3,})\{exercise\}", source)):
-            problems.append(f"cell {index}: the {{exercise}} block must be the whole cell "
-                            "(the first may follow the section's prose)")
-        label = re.search(r"^:label:\s*(\S+)", exercises[0][2], re.M)
-        label = label.group(1) if label else None
-        if "`" in exercises[0][1]:  # seen with sphinx-exercise 1.x: the build then fails
-            problems.append(f"{label}: no code in an exercise's title; sphinx-exercise "
-                            "leaves its label undefined")
-        index += 1
-        kinds = []
-        while index < len(cells) and cells[index]["cell_type"] == "code":
-            kinds.append((index, [t for t in tags(cells[index]) if t in ("answer", "self-check")]))
-            index += 1
-        if [k for _, k in kinds] not in ([], [["answer"], ["self-check"]]):
-            problems.append(f"{label}: between the exercise and its solution, either nothing "
-                            "or an `answer` cell then a `self-check` cell; found "
-                            f"{[k for _, k in kinds]} in cells {[i for i, _ in kinds]}")
-        for at, kind in kinds:
-            if kind == ["self-check"]:
-                code = cell_source(cells[at])
-                tree = ast.parse(code)
-                calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
-                         and getattr(n.func, "id", None) == "check"]
-                compares = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)
-                            and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in n.ops)]
-                if "from notebooks.selfcheck import check" not in code or not calls:
-                    problems.append(f"{label}: the self-check (cell {at}) must call "
-                                    "check() from notebooks.selfcheck")
-                if compares:
-                    problems.append(f"{label}: the self-check (cell {at}) compares with == "
-                                    "itself: the compared value is an answer in plain view")
-        solutions = (directive_blocks({"cells": [cells[index]]}, "solution")
-                     if index < len(cells) and cells[index]["cell_type"] == "markdown" else [])
-        if len(solutions) != 1 or solutions[0][1] != label:
-            problems.append(f"{label}: cell {index} should be its {{solution}}, alone")
-            break
-        if cell_source(cells[index]).strip().splitlines()[-1].strip("`:") != "" or not \
-                re.match(r"(`{3,}|:{3,})\{solution\}", cell_source(cells[index]).strip()):
-            problems.append(f"{label}: the {{solution}} block must be the whole cell {index}")
-        index += 1
-    return problems
-
-
-def test_exercises_have_the_one_shape(chapter):
-    path, _, notebook = chapter
-    problems = exercise_shape_problems(notebook)
-    assert not problems, f"{path.name}: " + "; ".join(problems)
+def test_a_problem_makes_the_check_command_say_it_and_fail(copy, monkeypatch, capsys):
+    PLANTED["an open solution"][1](copy)
+    monkeypatch.setattr(sources, "ROOT", copy)
+    assert sources.main([]) == 1
+    said = capsys.readouterr().out
+    assert "must be collapsed (:class: dropdown)" in said and "No problems" not in said
 
 
 def shaped(*cells):
@@ -283,36 +225,16 @@ def test_the_shape_check_accepts_the_shape_and_finds_each_departure():
         assert exercise_shape_problems(notebook), f"not found: {name}"
 
 
-def test_instructor_guide_lists_the_chapter_with_its_own_time(chapter):
-    path, _, notebook = chapter
-    stated = re.search(r"\*\*Estimated time\.\*\*\D*(\d+) min", cell_source(notebook["cells"][0]))
-    assert stated, f"{path.name}: the first cell should give '**Estimated time.** N minutes'"
-    guide = (ROOT / "book" / "instructor-guide.md").read_text()
-    row = re.search(rf"^\| {{doc}}`../notebooks/{path.stem}` \|.*?\| (\d+) min \|", guide, re.M)
-    assert row, f"book/instructor-guide.md has no row for {path.stem}"
-    assert row.group(1) == stated.group(1), (
-        f"instructor guide says {row.group(1)} min for {path.stem}, the chapter {stated.group(1)}")
+def test_a_solution_closed_early_by_its_own_code_fence_is_found():
+    early = "```{solution} ch09-a\n:class: dropdown\n```python\nleak()\n```\n```\n"
+    assert "closed early" in fence_problems(early)[0]
+    assert fence_problems(early.replace("```{solution}", "````{solution}", 1)
+                          .rstrip("\n").rsplit("\n", 1)[0] + "\n````\n") == []
 
 
 # ---------------------------------------------------------------------------------------
 # The set-up cell: finds the companion scripts, or fetches them from the repository
 # ---------------------------------------------------------------------------------------
-def test_setup_cell_names_the_repository_of_the_config():
-    match = re.search(r'^REPOSITORY = "([^"]+)"$', SETUP_CELL.read_text(), re.M)
-    assert match, "setup_cell.py must define REPOSITORY = \"...\""
-    assert match.group(1) == config()["repository"]["url"]
-
-
-def test_repository_address_written_in_the_docs_is_the_configured_one():
-    """Clone commands in the README and the front matter name the repository of _config.yml."""
-    url = config()["repository"]["url"].rstrip("/")
-    docs = [ROOT / "README.md", *sorted((ROOT / "book").glob("*.md"))]
-    others = {f"{doc.name}: {found}" for doc in docs
-              for found in re.findall(r"https://github\.com/[\w.-]+/[\w.-]+", doc.read_text())
-              if found.rstrip(".") != url}
-    assert not others, f"the repository is {url}; the docs also name {sorted(others)}"
-
-
 def fake_git(bin_dir, log, clone_works, hangs=False):
     """A `git` that logs its arguments and 'clones' by creating ddp_scripts/common.py; or
     fails; or never answers (a clone stalled on a slow network)."""
@@ -422,48 +344,6 @@ def test_setup_cell_clones_from_the_mirror_named_by_book_repo_url(tmp_path):
     assert log.read_text().split() == ["clone", "--depth", "1", mirror, str(alone / "gpu-book")]
 
 
-LITERALINCLUDE = re.compile(r"```\{literalinclude\} ([^\n]+)\n((?::[^\n]*\n)*)")
-
-
-def literal_includes():
-    """(page, included file, options) of every literalinclude in the chapters and front matter."""
-    pages = [(path, "\n".join(cell_source(cell) for cell in load_notebook(path)["cells"]
-                              if cell["cell_type"] == "markdown")) for path, _ in chapters()]
-    pages += [(path, path.read_text()) for path in sorted((ROOT / "book").glob("*.md"))]
-    return [(page, (page.parent / match.group(1).strip()).resolve(),
-             dict(re.findall(r":([\w-]+):\s*(.*)", match.group(2))))
-            for page, text in pages for match in LITERALINCLUDE.finditer(text)]
-
-
-@pytest.mark.parametrize("page, included, options", literal_includes(),
-                         ids=lambda value: value.name if hasattr(value, "name") else None)
-def test_included_code_is_still_there(page, included, options):
-    """A script changed under a chapter's literalinclude would fail the build much later:
-    every file, marker line and function a chapter includes must still exist."""
-    assert included.exists(), f"{page.name} includes {included}, which does not exist"
-    text = included.read_text()
-    for key in ("start-at", "end-at", "start-after", "end-before"):
-        if key in options:
-            assert options[key] in text, f"{page.name}: {key} {options[key]!r} not in {included.name}"
-    if "pyobject" in options:
-        assert re.search(rf"^\s*(def|class) {options['pyobject']}\b", text, re.M), (
-            f"{page.name}: no {options['pyobject']} in {included.name}")
-
-
-def test_a_solution_closed_early_by_its_own_code_fence_is_found():
-    early = "```{solution} ch09-a\n:class: dropdown\n```python\nleak()\n```\n```\n"
-    assert "closed early" in fence_problems(early)[0]
-    assert fence_problems(early.replace("```{solution}", "````{solution}", 1)
-                          .rstrip("\n").rsplit("\n", 1)[0] + "\n````\n") == []
-
-
-def test_the_code_passes_the_linter():
-    """ruff, with the settings of pyproject.toml, over the scripts, tools, tests and notebooks."""
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-1000:]
-
-
 def top_level_imports(source):
     """The top-level package of each import statement in source ('' where it does not parse)."""
     try:
@@ -490,11 +370,11 @@ def test_the_readers_requirements_cover_what_the_chapters_and_scripts_import():
                 if line.strip() and not line.lstrip().startswith(("#", "-r"))}
 
     reader, developer = names(ROOT / "requirements.txt"), names(ROOT / "requirements-dev.txt")
-    sources = [path.read_text() for path in (ROOT / "ddp_scripts").rglob("*.py")]
-    sources += [path.read_text() for path in (ROOT / "notebooks").glob("*.py")]
-    sources += [cell_source(cell) for path, _ in CHAPTERS
+    texts = [path.read_text() for path in (ROOT / "ddp_scripts").rglob("*.py")]
+    texts += [path.read_text() for path in (ROOT / "notebooks").glob("*.py")]
+    texts += [cell_source(cell) for path, _ in CHAPTERS
                 for cell in load_notebook(path)["cells"] if cell["cell_type"] == "code"]
-    imported = set().union(*map(top_level_imports, sources))
+    imported = set().union(*map(top_level_imports, texts))
     local = {"ddp_scripts", "notebooks", "book", "chapter_tools", "selfcheck", "machine_check"}
     providers = packages_distributions()
     outside = imported - local - set(sys.stdlib_module_names)

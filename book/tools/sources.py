@@ -1,0 +1,425 @@
+"""The editorial checks of the book's sources, each problem said on one line.
+
+    python -m book.tools sources   # the editorial checks alone (exit 1 if any problem)
+
+They check the table of contents, each chapter's shape and exercises, the instructor guide,
+the repository's address, the code the pages include, and the linter, ruff, over the code
+(only where ruff is installed; requirements-dev.txt brings it).
+`python -m book.tools check` runs them beside the set-up cell's and the translations' checks.
+Each check takes the repository's root and returns its problems: the file, the cell or line,
+and what is wrong.
+"""
+import argparse
+import ast
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from markdown_it import MarkdownIt
+from mdit_py_plugins.colon_fence import colon_fence_plugin
+
+ROOT = Path(__file__).resolve().parents[2]
+# The block parser MyST uses for fences and colon fences.
+PARSER = MarkdownIt("commonmark").use(colon_fence_plugin)
+CHECKS = []
+
+
+def check(function):
+    """A check of the whole repository: function(root) -> [problem, ...]."""
+    CHECKS.append(function)
+    return function
+
+
+def each_chapter(function):
+    """A check of one chapter, function(root, path, number, notebook) -> [problem, ...], run
+    over every chapter of the table of contents (one missing is toc_entries_exist's problem)."""
+    def over_the_chapters(root):
+        return [problem for path, number in chapters(root) if path.exists()
+                for problem in function(root, path, number, load_notebook(path))]
+    over_the_chapters.__name__ = function.__name__
+    over_the_chapters.__doc__ = function.__doc__
+    return check(over_the_chapters)
+
+
+def problems(root):
+    return [problem for function in CHECKS for problem in function(Path(root))]
+
+
+# --- reading the sources ----------------------------------------------------------------------
+
+def toc_entries(root):
+    """[(file without suffix, chapter number or None)] in reading order, root first."""
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    entries, number = [(toc["root"], None)], 0
+    for part in toc.get("parts", []):
+        for chapter in part.get("chapters", []):
+            if part.get("numbered"):
+                number += 1
+                entries.append((chapter["file"], number))
+            else:
+                entries.append((chapter["file"], None))
+    return entries
+
+
+def source_path(root, entry):
+    """The source file of a toc entry: .ipynb or .md."""
+    for suffix in (".ipynb", ".md"):
+        path = root / (entry + suffix)
+        if path.exists():
+            return path
+    return root / (entry + (".ipynb" if entry.startswith("notebooks/") else ".md"))
+
+
+def chapters(root):
+    """[(notebook path, chapter number)] for the notebooks in the table of contents."""
+    return [(root / (entry + ".ipynb"), number) for entry, number in toc_entries(root)
+            if entry.startswith("notebooks/")]
+
+
+def load_notebook(path):
+    return json.loads(Path(path).read_text())
+
+
+def cell_source(cell):
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def tags(cell):
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def chapter_id(path):
+    """'01_devices' -> 1."""
+    return int(re.match(r"(\d+)_", Path(path).name).group(1))
+
+
+def name(root, path):
+    return str(path.relative_to(root))
+
+
+def repository_url(root):
+    return yaml.safe_load((root / "_config.yml").read_text())["repository"]["url"]
+
+
+# --- the table of contents ----------------------------------------------------------------------
+
+@check
+def toc_entries_exist(root):
+    return [f"_toc.yml: {entry} is listed but not in the repository"
+            for entry, _ in toc_entries(root) if not source_path(root, entry).exists()]
+
+
+@check
+def notebooks_in_the_toc(root):
+    listed = {path for path, _ in chapters(root)}
+    return [f"{name(root, path)}: not in _toc.yml (the book would not show it)"
+            for path in sorted((root / "notebooks").glob("*.ipynb")) if path not in listed]
+
+
+@check
+def toc_numbers_the_chapters_in_file_order(root):
+    return [f"_toc.yml: chapter {number} is {name(root, path)}, whose file name numbers it "
+            f"{chapter_id(path)}" for path, number in chapters(root) if chapter_id(path) != number]
+
+
+# --- each chapter -------------------------------------------------------------------------------
+
+@each_chapter
+def committed_without_outputs_or_widget_state(root, path, number, notebook):
+    dirty = [i for i, cell in enumerate(notebook["cells"]) if cell["cell_type"] == "code"
+             and (cell.get("outputs") or cell.get("execution_count") is not None)]
+    found = [f"{name(root, path)}: code cells {dirty} have outputs or execution counts"] if dirty else []
+    if "widgets" in notebook.get("metadata", {}):
+        found.append(f"{name(root, path)}: holds widget state")
+    return found
+
+
+@each_chapter
+def the_python3_kernel(root, path, number, notebook):
+    kernel = notebook.get("metadata", {}).get("kernelspec", {})
+    if (kernel.get("name"), kernel.get("language")) == ("python3", "python"):
+        return []
+    return [f"{name(root, path)}: the kernel is {kernel.get('name')!r} ({kernel.get('language')!r}), "
+            "not 'python3' ('python')"]
+
+
+@each_chapter
+def the_title_carries_the_chapter_number(root, path, number, notebook):
+    first = notebook["cells"][0]
+    if first["cell_type"] != "markdown":
+        return [f"{name(root, path)}, cell 0: the first cell must be the title"]
+    found = []
+    title = cell_source(first).lstrip().splitlines()[0]
+    if not re.match(rf"# {number}\. \S", title):
+        found.append(f"{name(root, path)}, cell 0: title {title!r} should start with "
+                     f"'# {number}. ' (its place in _toc.yml)")
+    titles = [index for index, cell in enumerate(notebook["cells"]) if cell["cell_type"] == "markdown"
+              for token in PARSER.parse(cell_source(cell))
+              if token.type == "heading_open" and token.tag == "h1"]
+    if len(titles) != 1:
+        found.append(f"{name(root, path)}, cells {titles}: one '#' title only, then '##' sections")
+    return found
+
+
+@each_chapter
+def ends_with_summary_and_exercises(root, path, number, notebook):
+    text = "\n".join(cell_source(c) for c in notebook["cells"] if c["cell_type"] == "markdown")
+    sections = re.findall(r"^## (.+?)\s*$", text, flags=re.M)
+    return [f"{name(root, path)}: no '## {section}' section (a chapter ends with Summary and Exercises)"
+            for section in ("Summary", "Exercises") if section not in sections]
+
+
+def directive_blocks(notebook, directive):
+    """(cell index, argument line, body) of every ```{directive} block in the markdown cells."""
+    found = []
+    pattern = re.compile(rf"^(?P<fence>`{{3,}}|:{{3,}})\{{{directive}\}}[ \t]*(?P<arg>.*)$\n"
+                         rf"(?P<body>(?:.*\n)*?)(?P=fence)\s*$", re.M)
+    for index, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] == "markdown":
+            found += [(index, m.group("arg").strip(), m.group("body"))
+                      for m in pattern.finditer(cell_source(cell) + "\n")]
+    return found
+
+
+@each_chapter
+def exercises_have_labelled_collapsed_solutions(root, path, number, notebook):
+    page = name(root, path)
+    exercises = directive_blocks(notebook, "exercise")
+    if not exercises:
+        return [f"{page}: has no {{exercise}}"]
+    found = [f"{page}, cell {index}: the exercise needs a :label:" for index, _, body in exercises
+             if not re.search(r"^:label:\s*(\S+)", body, re.M)]
+    labels = [m.group(1) for _, _, body in exercises if (m := re.search(r"^:label:\s*(\S+)", body, re.M))]
+    prefix = f"ch{number:02d}-"
+    found += [f"{page}: the label {label} must start with {prefix}"
+              for label in labels if not label.startswith(prefix)]
+    solutions = directive_blocks(notebook, "solution")
+    for index, target, body in solutions:
+        if target not in labels:
+            found.append(f"{page}, cell {index}: solution to unknown exercise {target!r}")
+        if not re.search(r"^:class:\s*dropdown\s*$", body, re.M):
+            found.append(f"{page}, cell {index}: the solution to {target} must be collapsed "
+                         "(:class: dropdown)")
+    if not solutions and not [c for c in notebook["cells"] if "solution" in tags(c)]:
+        found.append(f"{page}: no solution at all")
+    found += [f"{page}, cell {index}: gated solutions ({{solution-start}}) crash sphinx-exercise "
+              "1.2; use {solution} with :class: dropdown"
+              for index, c in enumerate(notebook["cells"]) if "{solution-start}" in cell_source(c)]
+    return found
+
+
+def fence_problems(markdown):
+    """Directive fences closed early by a fence inside them, as messages (empty: none).
+
+    ```{solution} ... ```python ... ``` ... ``` ends at the inner closing fence: the rest of
+    the answer falls outside the solution, visible. The fence around must be longer
+    (````{solution}) or use colons (:::{solution}, with myst's colon_fence).
+    """
+    found = []
+    for token in PARSER.parse(markdown):
+        match = re.match(r"\s*\{([\w-]+)\}", token.info or "")
+        if token.type not in ("fence", "colon_fence") or token.map is None or not match:
+            continue
+        directive, char, length = match.group(1), token.markup[0], len(token.markup)
+        for offset, line in enumerate(token.content.splitlines(), start=1):
+            inner = re.match(r" {0,3}(`{3,}|~{3,}|:{3,})", line)
+            if inner and inner.group(1)[0] == char and len(inner.group(1)) >= length:
+                found.append(f"the {{{directive}}} block at line {token.map[0] + 1} is closed "
+                             f"early by the fence at line {token.map[0] + 1 + offset}: "
+                             f"open it with a longer fence ({char * (length + 1)}{{{directive}}})")
+                break
+    return found
+
+
+@each_chapter
+def directive_fences_nested_correctly(root, path, number, notebook):
+    return [f"{name(root, path)}, cell {i}: {problem}" for i, cell in enumerate(notebook["cells"])
+            if cell["cell_type"] == "markdown" for problem in fence_problems(cell_source(cell))]
+
+
+def exercise_shape_problems(notebook):
+    """What departs from the one shape of an exercise (book/instructor-guide.md, "Exercises and self-checks"):
+
+    1. a markdown cell that ends with one {exercise} block (prose only before the first);
+    2. for an exercise with a value to check: a code cell tagged `answer` where the student
+       writes it, then a code cell tagged `self-check` that calls notebooks.selfcheck.check
+       and compares nothing itself (no `==`, no answer in sight);
+    3. a markdown cell that is one {solution} block for that exercise, collapsed.
+    Solutions are never code cells: a student copy drops the {solution} blocks, and nothing
+    after them can depend on them.
+    """
+    cells, problems = notebook["cells"], []
+    for index, cell in enumerate(cells):
+        if "solution" in tags(cell):
+            problems.append(f"cell {index} is tagged 'solution': write solutions as "
+                            "{solution} blocks in markdown")
+    starts = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+              and directive_blocks({"cells": [c]}, "exercise")]
+    if not starts:
+        return problems + ["no {exercise}"]
+    index = starts[0]
+    while index < len(cells):
+        cell = cells[index]
+        exercises = directive_blocks({"cells": [cell]}, "exercise")
+        if cell["cell_type"] != "markdown" or len(exercises) != 1:
+            problems.append(f"cell {index}: expected one {{exercise}} in a markdown cell")
+            break
+        source = cell_source(cell).rstrip()
+        if not re.search(r"^(`{3,}|:{3,})\s*$", source.splitlines()[-1]) or (
+                index != starts[0] and not re.match(r"(`{3,}|:{3,})\{exercise\}", source)):
+            problems.append(f"cell {index}: the {{exercise}} block must be the whole cell "
+                            "(the first may follow the section's prose)")
+        label = re.search(r"^:label:\s*(\S+)", exercises[0][2], re.M)
+        label = label.group(1) if label else None
+        if "`" in exercises[0][1]:  # seen with sphinx-exercise 1.x: the build then fails
+            problems.append(f"{label}: no code in an exercise's title; sphinx-exercise "
+                            "leaves its label undefined")
+        index += 1
+        kinds = []
+        while index < len(cells) and cells[index]["cell_type"] == "code":
+            kinds.append((index, [t for t in tags(cells[index]) if t in ("answer", "self-check")]))
+            index += 1
+        if [k for _, k in kinds] not in ([], [["answer"], ["self-check"]]):
+            problems.append(f"{label}: between the exercise and its solution, either nothing "
+                            "or an `answer` cell then a `self-check` cell; found "
+                            f"{[k for _, k in kinds]} in cells {[i for i, _ in kinds]}")
+        for at, kind in kinds:
+            if kind == ["self-check"]:
+                code = cell_source(cells[at])
+                tree = ast.parse(code)
+                calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                         and getattr(n.func, "id", None) == "check"]
+                compares = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)
+                            and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in n.ops)]
+                if "from notebooks.selfcheck import check" not in code or not calls:
+                    problems.append(f"{label}: the self-check (cell {at}) must call "
+                                    "check() from notebooks.selfcheck")
+                if compares:
+                    problems.append(f"{label}: the self-check (cell {at}) compares with == "
+                                    "itself: the compared value is an answer in plain view")
+        solutions = (directive_blocks({"cells": [cells[index]]}, "solution")
+                     if index < len(cells) and cells[index]["cell_type"] == "markdown" else [])
+        if len(solutions) != 1 or solutions[0][1] != label:
+            problems.append(f"{label}: cell {index} should be its {{solution}}, alone")
+            break
+        if cell_source(cells[index]).strip().splitlines()[-1].strip("`:") != "" or not \
+                re.match(r"(`{3,}|:{3,})\{solution\}", cell_source(cells[index]).strip()):
+            problems.append(f"{label}: the {{solution}} block must be the whole cell {index}")
+        index += 1
+    return problems
+
+
+@each_chapter
+def exercises_have_the_one_shape(root, path, number, notebook):
+    return [f"{name(root, path)}: {problem}" for problem in exercise_shape_problems(notebook)]
+
+
+@each_chapter
+def the_instructor_guide_lists_the_chapter_with_its_own_time(root, path, number, notebook):
+    stated = re.search(r"\*\*Estimated time\.\*\*\D*(\d+) min", cell_source(notebook["cells"][0]))
+    if not stated:
+        return [f"{name(root, path)}, cell 0: should give '**Estimated time.** N minutes'"]
+    guide = (root / "book" / "instructor-guide.md").read_text()
+    row = re.search(rf"^\| {{doc}}`../notebooks/{path.stem}` \|.*?\| (\d+) min \|", guide, re.M)
+    if not row:
+        return [f"book/instructor-guide.md: no row for {path.stem}"]
+    if row.group(1) != stated.group(1):
+        line = guide.count("\n", 0, row.start()) + 1
+        return [f"book/instructor-guide.md, line {line}: {row.group(1)} min for {path.stem}, "
+                f"the chapter says {stated.group(1)}"]
+    return []
+
+
+# --- the repository's address -------------------------------------------------------------------
+
+@check
+def the_setup_cell_names_the_configured_repository(root):
+    match = re.search(r'^REPOSITORY = "([^"]+)"$', (root / "book/tools/setup_cell.py").read_text(), re.M)
+    if not match:
+        return ['book/tools/setup_cell.py: must define REPOSITORY = "..."']
+    if match.group(1) != repository_url(root):
+        return [f"book/tools/setup_cell.py: REPOSITORY is {match.group(1)}, _config.yml's "
+                f"repository.url {repository_url(root)}"]
+    return []
+
+
+@check
+def the_docs_name_the_configured_repository(root):
+    """Clone commands in the README and the front matter name the repository of _config.yml."""
+    url = repository_url(root).rstrip("/")
+    docs = [root / "README.md", *sorted((root / "book").glob("*.md"))]
+    return [f"{name(root, doc)}, line {text.count(chr(10), 0, found.start()) + 1}: names "
+            f"{found.group()}, but the repository is {url} (_config.yml)"
+            for doc in docs for text in [doc.read_text()]
+            for found in re.finditer(r"https://github\.com/[\w.-]+/[\w.-]+", text)
+            if found.group().rstrip(".") != url]
+
+
+# --- the code a page includes -------------------------------------------------------------------
+
+LITERALINCLUDE = re.compile(r"^[ \t]*```\{literalinclude\} ([^\n]+)\n((?:[ \t]*:[^\n]*\n)*)", re.M)
+
+
+def literal_includes(root):
+    """(page, included file, options) of every literalinclude in the chapters and front matter."""
+    pages = [(path, "\n".join(cell_source(cell) for cell in load_notebook(path)["cells"]
+                              if cell["cell_type"] == "markdown"))
+             for path, _ in chapters(root) if path.exists()]
+    pages += [(path, path.read_text()) for path in sorted((root / "book").glob("*.md"))]
+    return [(page, (page.parent / match.group(1).strip()).resolve(),
+             dict(re.findall(r":([\w-]+):\s*(.*)", match.group(2))))
+            for page, text in pages for match in LITERALINCLUDE.finditer(text)]
+
+
+@check
+def included_code_is_still_there(root):
+    """A script changed under a chapter's literalinclude would fail the build much later:
+    every file, marker line and function a chapter includes must still exist."""
+    found = []
+    for page, included, options in literal_includes(root):
+        where = f"{name(root, page)}: includes {os.path.relpath(included, root.resolve())}"
+        if not included.exists():
+            found.append(f"{where}, which does not exist")
+            continue
+        text = included.read_text()
+        found += [f"{where}: its {key} {options[key]!r} is not there"
+                  for key in ("start-at", "end-at", "start-after", "end-before")
+                  if key in options and options[key] not in text]
+        if "pyobject" in options and not re.search(
+                rf"^\s*(def|class) {options['pyobject']}\b", text, re.M):
+            found.append(f"{where}: its pyobject {options['pyobject']} is not there")
+    return found
+
+
+# --- the linter ---------------------------------------------------------------------------------
+
+@check
+def the_linter(root):
+    """ruff, with the settings of pyproject.toml, over the scripts, tools, tests and notebooks,
+    where ruff is installed (requirements-dev.txt brings it)."""
+    if importlib.util.find_spec("ruff") is None:
+        return []
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--quiet",
+                             "--output-format", "concise", "."], cwd=root, capture_output=True,
+                            text=True, timeout=300)
+    return [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+
+
+def summary():
+    """What passing these checks says, in a few words."""
+    return (f"the {len(CHECKS)} editorial checks of the sources"
+            f"{'' if importlib.util.find_spec('ruff') else ' (ruff is not installed: not linted)'}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.parse_args(argv)
+    found = problems(ROOT)
+    print("\n".join(found) if found else f"No problems: {summary()}.")
+    return 1 if found else 0
