@@ -1,11 +1,18 @@
 """Where the GPU time goes for the book's CNN and ResNet-18: the scripts' data path, data kept on
-the GPU, and a CUDA-graph replay of the same training step (chapter 10's practical limit).
+the GPU, and a CUDA-graph replay of the same training step (its kernels without launch overhead).
 
     python -m ddp_scripts.gpu_micro --out FOLDER     # FOLDER/micro.txt and FOLDER/micro.json
 
 Run by `make gpu-check` (book/tools/gpu_check.py), which records it with the notebooks; it needs
 a CUDA GPU and says so in one line elsewhere. Every row trains for real: SGD with momentum on
 50,000 synthetic CIFAR-shaped images (--train-samples), one timed pass after a warm-up.
+
+Every row's float32 arithmetic runs as the scripts run it (`common.set_precision(False)`: no
+TF32), set again before each row, so that no row inherits another's settings. A CUDA-graph row replays the
+same eager kernels as the data-on-GPU row of the same precision and layout, without their launch
+cost: it is the speed of those kernels with no launch overhead, not a limit of the GPU (fused,
+16-bit or TF32 kernels can run faster). Compare a graph row only with the rows of its own
+precision and layout.
 
 The CUDA-graph rows follow chapter 10's recipe and PyTorch's whole-network example: the warm-up
 runs on a side stream, and the gradients are set to None (`zero_grad(set_to_none=True)`) before
@@ -42,6 +49,7 @@ def load_average():
 def measure(model_name, batch, max_steps, fast, graph, images, labels, torch, common):
     """samples/s of one pass of training steps on data kept on the GPU."""
     import torch.nn.functional as F
+    common.set_precision(False)  # float32 as the scripts run it, whatever ran before
     device = torch.device("cuda")
     layout = torch.channels_last if fast else torch.contiguous_format
     model = common.build_model(model_name).to(device, memory_format=layout)
@@ -97,6 +105,7 @@ def samples_per_s(one_pass, steps, batch, torch):
 def scripts_path(model_name, batch, max_steps, dataset, torch, common):
     """samples/s of the scripts' own path: CPU tensors, a DataLoader, a copy per batch."""
     import torch.nn.functional as F
+    common.set_precision(False)  # float32 as the scripts run it, whatever ran before
     device = torch.device("cuda")
     model = common.build_model(model_name).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -160,7 +169,8 @@ def main(argv=None):
     (out / "micro.json").write_text(json.dumps({
         "what": "where the GPU time goes for the book's CNN and ResNet-18: the scripts' data "
                 "path, data kept on the GPU, and a CUDA-graph replay of the same training step "
-                "(gradients set to None before capture)",
+                "(gradients set to None before capture); float32 without TF32 and without "
+                "cuDNN autotuning, as the scripts run",
         "file": "micro.txt", "made_by": "ddp_scripts/gpu_micro.py", "commit": args.commit,
         "created": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "train_samples": args.train_samples, "hardware": machine["label"],

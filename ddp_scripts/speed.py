@@ -132,17 +132,22 @@ def train_batches(dataset, batch_size, sampler, args, device):
     """The training batches in the order of `sampler`, made where the options say: cut on
     the device (--data-on-device), or by a DataLoader on the CPU (--workers, --pin-memory);
     augmented (--augment) and laid out (--channels-last) where they are made. With every
-    option off: common.make_loader's DataLoader, the loader of train_ddp.py."""
+    option off: common.make_loader's DataLoader, the loader of train_ddp.py.
+
+    Worker processes start from a forkserver, not by fork: a process that runs NCCL is not
+    safe to fork (chapter 9). They are started once and kept for every epoch
+    (persistent_workers), so each batch carries its epoch and number to them (EpochBatches)."""
     crop_flip = RandomCropFlip(args.seed) if args.augment else None
     layout = memory_format(args)
     if args.data_on_device:
         return DeviceBatches(dataset, batch_size, sampler, device, crop_flip, layout)
     if crop_flip is None and not args.channels_last and not args.workers and not args.pin_memory:
         return make_loader(dataset, batch_size, sampler)
-    return EpochLoader(AugmentedImages(dataset, crop_flip, layout), batch_size=batch_size,
-                       sampler=sampler, collate_fn=keep_batch, num_workers=args.workers,
-                       pin_memory=args.pin_memory,
-                       worker_init_fn=_start_worker if crop_flip is not None else None)
+    workers = args.workers > 0
+    return torch.utils.data.DataLoader(
+        AugmentedImages(dataset, crop_flip, layout), batch_sampler=EpochBatches(sampler, batch_size),
+        collate_fn=keep_batch, num_workers=args.workers, pin_memory=args.pin_memory,
+        multiprocessing_context="forkserver" if workers else None, persistent_workers=workers)
 
 
 # ---------------------------------------------------------------------------------------
@@ -170,13 +175,12 @@ class DeviceBatches:
 
     def __iter__(self):
         order = torch.as_tensor(list(self.sampler), dtype=torch.long).to(self.device)
-        if self.crop_flip is not None:
-            self.crop_flip.start_epoch(epoch_key(self.sampler), self.device)
-        for start in range(0, len(order), self.batch_size):
+        epoch = epoch_key(self.sampler)
+        for number, start in enumerate(range(0, len(order), self.batch_size)):
             index = order[start:start + self.batch_size]
             images = self.images[index]
             if self.crop_flip is not None:
-                images = self.crop_flip(images).contiguous(memory_format=self.layout)
+                images = self.crop_flip(images, epoch, number).contiguous(memory_format=self.layout)
             yield images, self.labels[index]
 
 
@@ -188,33 +192,28 @@ class RandomCropFlip:
     is padded by 4 pixels (reflected), cut back to 32x32 at a random offset, and mirrored
     left-right with probability 1/2, in one gather.
 
-    Its random numbers come from a generator seeded with (seed, rank, epoch, worker): the
-    ranks of a DDP run, and the worker processes of one rank, draw different crops; a run
-    repeated, or resumed at an epoch, draws the same ones.
+    The random numbers of a batch come from a generator seeded with (seed, rank, epoch,
+    batch number): the ranks of a DDP run draw different crops, and a batch gets the same
+    crops wherever it is made (in the training process, in any worker, on the GPU), so a
+    run repeated, resumed at an epoch, or given more workers trains the same model.
     """
 
     def __init__(self, seed):
-        self.seed, self.epoch, self.generator = seed, 0, None
+        self.seed = seed
         self.rank = dist.get_rank() if dist.is_initialized() else 0
 
-    def start_epoch(self, epoch, device="cpu", worker=0):
-        self.epoch = epoch
-        self.start_worker(worker, device)
+    def generator(self, epoch, number, device):
+        key = hash((self.seed, self.rank, epoch, number)) & (2**63 - 1)
+        return torch.Generator(device).manual_seed(key)
 
-    def start_worker(self, worker, device="cpu"):
-        key = hash((self.seed, self.rank, self.epoch, worker)) & (2**63 - 1)
-        self.generator = torch.Generator(device).manual_seed(key)
-
-    def __getstate__(self):  # a worker started by spawn gets its generator in start_worker
-        return {**self.__dict__, "generator": None}
-
-    def __call__(self, images):
+    def __call__(self, images, epoch, number):
+        """Batch `number` of `epoch`, cropped and flipped."""
         n, channels, height, width = images.shape
         device = images.device
+        generator = self.generator(epoch, number, device)
         padded = F.pad(images, (PADDING,) * 4, mode="reflect")
-        dx, dy = torch.randint(0, 2 * PADDING + 1, (2, n), generator=self.generator,
-                               device=device)
-        flip = torch.rand(n, generator=self.generator, device=device) < 0.5
+        dx, dy = torch.randint(0, 2 * PADDING + 1, (2, n), generator=generator, device=device)
+        flip = torch.rand(n, generator=generator, device=device) < 0.5
         across = torch.arange(width, device=device)
         across = torch.where(flip[:, None], width - 1 - across, across)  # mirrored: read right to left
         rows = (dy[:, None] + torch.arange(height, device=device))[:, None, :, None]
@@ -226,7 +225,8 @@ class RandomCropFlip:
 
 class AugmentedImages(torch.utils.data.Dataset):
     """A TensorImages set whose batches come out augmented (crop_flip, or None for none) and
-    in the memory format asked for: made where the batch is made, in a worker with --workers."""
+    in the memory format asked for: made where the batch is made, in a worker with --workers.
+    It is fetched by EpochBatches' batches: (epoch, batch number, indices)."""
 
     def __init__(self, dataset, crop_flip, layout=torch.contiguous_format):
         self.dataset, self.crop_flip, self.layout = dataset, crop_flip, layout
@@ -235,26 +235,28 @@ class AugmentedImages(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.dataset)
 
-    def __getitems__(self, indices):
+    def __getitems__(self, batch):
+        epoch, number, indices = batch
         images, labels = self.dataset.__getitems__(indices)
         if self.crop_flip is not None:
-            images = self.crop_flip(images)
+            images = self.crop_flip(images, epoch, number)
         return images.contiguous(memory_format=self.layout), labels
 
 
-class EpochLoader(torch.utils.data.DataLoader):
-    """A DataLoader that tells the augmentation which epoch begins before it starts workers."""
+class EpochBatches(torch.utils.data.Sampler):
+    """A DataLoader's batch_sampler: the batches of `sampler`, each as (epoch, batch number,
+    indices). Worker processes kept between epochs learn the epoch from the batch itself."""
+
+    def __init__(self, sampler, batch_size):
+        self.sampler, self.batch_size = sampler, batch_size
+
+    def __len__(self):
+        return -(-len(self.sampler) // self.batch_size)
 
     def __iter__(self):
-        if self.dataset.crop_flip is not None:
-            self.dataset.crop_flip.start_epoch(epoch_key(self.sampler))
-        return super().__iter__()
-
-
-def _start_worker(worker_id):
-    """worker_init_fn: each worker process draws crops of its own."""
-    info = torch.utils.data.get_worker_info()
-    info.dataset.crop_flip.start_worker(worker_id + 1)
+        epoch, order = epoch_key(self.sampler), list(self.sampler)
+        for number, start in enumerate(range(0, len(order), self.batch_size)):
+            yield epoch, number, order[start:start + self.batch_size]
 
 
 def epoch_key(sampler):

@@ -170,6 +170,15 @@ def test_augmented_run_resumed_equals_the_uninterrupted_one(runs, tmp_path):
 
 
 @shares_runs
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 2 worker processes")
+def test_workers_train_the_model_the_training_process_trains(runs):
+    """Each batch's crops are keyed by its epoch and number, not by the process that makes it."""
+    alone, workers = runs("--augment"), runs("--workers", "2", "--augment")
+    trained(workers)
+    assert max_difference(load_model_state(workers.out), load_model_state(alone.out)) == 0.0
+
+
+@shares_runs
 def test_compile_default_trains_and_keeps_the_models_own_keys(runs):
     run = runs("--compile", "default")
     row = trained(run)
@@ -262,9 +271,7 @@ def test_device_batches_are_the_dataloaders_batches():
 
 def test_crop_and_flip_moves_pixels_only():
     images = torch.randn(64, 3, 32, 32)
-    crop_flip = RandomCropFlip(seed=0)
-    crop_flip.start_epoch(1)
-    out = crop_flip(images)
+    out = RandomCropFlip(seed=0)(images, epoch=1, number=0)
     assert out.shape == images.shape
     shifted = flipped = 0
     for image, result in zip(images, out):  # each result is a shifted view, perhaps mirrored
@@ -278,17 +285,39 @@ def test_crop_and_flip_moves_pixels_only():
     assert 40 < shifted and 16 < flipped < 48  # crops move (8 in 81 stay put); half flip
 
 
-def test_crops_repeat_per_epoch_and_differ_between_epochs_ranks_and_workers():
+def test_crops_repeat_per_batch_and_differ_between_epochs_ranks_and_batches():
     images = torch.randn(32, 3, 32, 32)
 
-    def crops(epoch, rank=0, worker=0):
+    def crops(epoch, rank=0, number=0):
         crop_flip = RandomCropFlip(seed=0)
         crop_flip.rank = rank
-        crop_flip.start_epoch(epoch, worker=worker)
-        return crop_flip(images)
+        return crop_flip(images, epoch, number)
     assert torch.equal(crops(1), crops(1))
-    for other in (crops(2), crops(1, rank=1), crops(1, worker=1)):
+    for other in (crops(2), crops(1, rank=1), crops(1, number=1)):
         assert not torch.equal(crops(1), other)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 2 worker processes")
+def test_workers_start_from_a_forkserver_once_and_draw_each_epochs_crops():
+    """--workers: the workers are not forked (chapter 9: a process running NCCL is not safe to
+    fork), they serve every epoch, and each epoch's batches are those made without workers."""
+    from torch.utils.data import RandomSampler
+    from ddp_scripts.common import TensorImages
+    (images, labels), _ = synthetic_cifar(96, 10)
+    data = TensorImages(images, labels, "synthetic")
+    shuffle = torch.Generator()
+    made = {workers: train_batches(data, 32, RandomSampler(data, generator=shuffle),
+                                   lever_args(augment=True, workers=workers), torch.device("cpu"))
+            for workers in (0, 2)}
+    assert made[2].multiprocessing_context.get_start_method() == "forkserver"
+    assert made[2].persistent_workers and not made[0].persistent_workers
+    for epoch in (1, 2):  # kept from epoch 1, the workers still draw epoch 2's crops
+        batches = {}
+        for workers in (0, 2):
+            shuffle.manual_seed(epoch)
+            batches[workers] = list(made[workers])
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                   for a, b in zip(batches[0], batches[2], strict=True))
 
 
 # ---------------------------------------------------------------------------------------
