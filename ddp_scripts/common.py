@@ -9,7 +9,9 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,74 +32,136 @@ class UsageError(Exception):
     """Bad input: reported as one line on stderr, exit status 2, no traceback."""
 
 
+class RunStopped(Exception):
+    """The run cannot go on (its loss stopped being finite): one line on stderr, exit status 1."""
+
+
+# Set to 1 by the book's launcher and tests: a run that succeeds then ends with os._exit(0).
+FAST_EXIT = "DDP_SCRIPTS_FAST_EXIT"
+
+
 def run_cli(main):
     """Call `main()` as a script's entry point, and end the process.
 
-    Bad input (UsageError) is one line on stderr and exit status 2; any other exception is
-    Python's traceback and exit status 1. Either way the error also goes, as JSON, to the
-    error file torchrun gives each worker (ddp_scripts/runfiles.py), where torchrun and the
-    launcher read which rank failed and why. A run that succeeds ends with os._exit(0), once
-    its files are written and its output flushed: Python's own exit would garbage-collect the
-    300,000 objects that importing torch created (1.5 s per process on a small CPU) and run
-    the destructors of torch's C++ threads, which have aborted finished ranks
-    ("terminate called without an active exception").
+    Bad input (UsageError) is one line on stderr and exit status 2; a run that had to stop
+    (RunStopped) is one line and exit status 1; any other exception is Python's traceback and
+    exit status 1. Either way the error also goes, as JSON, to the error file torchrun gives
+    each worker (ddp_scripts/runfiles.py), where torchrun and the launcher read which rank
+    failed and why. A run that succeeds returns, and Python exits as usual.
+
+    With DDP_SCRIPTS_FAST_EXIT=1 it ends with os._exit(0) instead, once its output is
+    flushed: that saves the time Python spends on its way out (it frees, one by one, the
+    objects importing torch made), which adds up over the many short runs of the book's
+    build. It also skips atexit handlers, the flushing of files left open and the wait for
+    other threads: a logger you add would lose its last lines. So only the book's own
+    launcher and tests set it; leave it unset for your own runs.
     """
     rank = int(os.environ["RANK"]) if "RANK" in os.environ else None
     try:
         main()
-    except UsageError as error:
-        write_error_file(error, exit_code=2, rank=rank)
+    except (UsageError, RunStopped) as error:
+        status = 2 if isinstance(error, UsageError) else 1
+        write_error_file(error, exit_code=status, rank=rank, with_stack=False)
         tag = f"[rank {rank}] " if rank is not None else ""
         sys.stderr.write(f"{tag}error: {error}\n")  # one write: see say()
         sys.stderr.flush()
-        sys.exit(2)
+        sys.exit(status)
     except Exception as error:
         write_error_file(error, exit_code=1, rank=rank)
         raise
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    if os.environ.get(FAST_EXIT) == "1":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 # ---------------------------------------------------------------------------------------
 # Command line: one set of options for every script, so every run is comparable.
 # ---------------------------------------------------------------------------------------
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, with its errors said as every other bad input is: one line (a
+    UsageError, which run_cli reports), not the usage text and then the error."""
+
+    def error(self, message):
+        # "argument --lr: must be ..." (the types below) reads "--lr must be ..."
+        raise UsageError(re.sub(r"^argument (-[^:/ ]+)[^:]*: must be", r"\1 must be", message))
+
+
+def _number(kind, text, fits, what):
+    """`text` read as `kind` (int or float) if it `fits`; else the line that says why."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be {'a whole number' if kind is int else 'a number'}, got {text!r}") from None
+    if not ((kind is int or math.isfinite(value)) and fits(value)):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text[:40]}")
+    return value
+
+
+# The types of the numeric options: every value is checked as the options are read.
+def count(text):
+    return _number(int, text, lambda n: n >= 1, "at least 1")
+
+
+def index(text):
+    return _number(int, text, lambda n: n >= 0, "0 or more")
+
+
+def seed(text):  # torch.manual_seed takes up to 2**64 - 1, and the scripts add the epoch
+    return _number(int, text, lambda n: 0 <= n < 2**63, "from 0 to 2**63 - 1")
+
+
+def positive(text):
+    return _number(float, text, lambda x: x > 0, "a finite number above 0")
+
+
+def non_negative(text):
+    return _number(float, text, lambda x: x >= 0, "a finite number, 0 or more")
+
+
+def seconds(text):  # what datetime.timedelta, and so a process group's timeout, can hold
+    longest = datetime.timedelta.max.total_seconds()
+    return _number(float, text, lambda x: 0 < x < longest,
+                   f"a number of seconds above 0 and below {longest:.3g}")
+
+
 def build_parser(description):
-    p = argparse.ArgumentParser(description=description)
+    p = ArgumentParser(description=description)
     p.add_argument("--dataset", choices=["cifar10", "synthetic"], default="cifar10",
                    help="cifar10 falls back to synthetic (announced) when it cannot be had")
     p.add_argument("--data-dir", default="data", help="where CIFAR-10 is downloaded")
-    p.add_argument("--train-samples", type=int, default=None,
+    p.add_argument("--train-samples", type=count, default=None,
                    help="use only the first N training images (default: all; synthetic: 50000)")
-    p.add_argument("--test-samples", type=int, default=None,
+    p.add_argument("--test-samples", type=count, default=None,
                    help="use only the first N test images (default: all; synthetic: 10000)")
     p.add_argument("--model", choices=["cnn", "resnet18"], default="cnn",
                    help="cnn: the CNN of PyTorch's CIFAR-10 tutorial; resnet18: ResNet-18 as "
                         "CIFAR-10 papers use it (3x3 stride-1 stem, no max-pool), not "
                         "torchvision's ImageNet stem")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=32, help="per process")
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=count, default=2)
+    p.add_argument("--batch-size", type=count, default=32, help="per process")
+    p.add_argument("--lr", type=positive, default=0.01)
+    p.add_argument("--momentum", type=non_negative, default=0.9)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=count, default=None,
                    help="torch CPU threads per process (default: cores / processes)")
     p.add_argument("--out", required=True, help="output directory: metrics.jsonl, checkpoint.pt")
     p.add_argument("--resume", action="store_true",
                    help="continue from OUT/checkpoint.pt if it exists, else start fresh")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")
-    p.add_argument("--stop-after-epoch", type=int, default=None,
+    p.add_argument("--stop-after-epoch", type=count, default=None,
                    help="stop after this epoch, as if interrupted (for resume demos)")
     p.add_argument("--tf32", action="store_true",
                    help="let float32 convolutions and matrix products use TF32 on Ampere and "
                         "newer GPUs: faster, about 3 decimal digits (default: full float32)")
-    p.add_argument("--timeout-s", type=float, default=600,
+    p.add_argument("--timeout-s", type=seconds, default=600,
                    help="DDP: how long a collective waits for the other ranks before failing")
     # The source article's launcher, python -m torch.distributed.launch, passes this option
     # to every process; torchrun sets the LOCAL_RANK variable instead.
-    p.add_argument("--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--local-rank", "--local_rank", type=index, default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -115,10 +179,8 @@ def first_line(error):
 
 
 def check_args(args):
-    """Reject values that cannot work, with a message that says what to do instead."""
-    check_at_least_one(epochs=args.epochs, batch_size=args.batch_size,
-                       train_samples=args.train_samples, test_samples=args.test_samples,
-                       threads=args.threads)
+    """Reject values that cannot work, with a message that says what to do instead (each
+    number alone is checked as it is read: see the types above build_parser)."""
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite contradict each other: pick one")
     if args.local_rank is not None:  # started by torch.distributed.launch, the article's way
@@ -135,11 +197,12 @@ def check_args(args):
 def pick_device(requested="auto", local_rank=0):
     """The device this process trains on. 'auto' means CUDA if present, else CPU.
 
-    Process `local_rank` of a node takes GPU `local_rank`. A cluster that binds one GPU to
-    each task shows every process a single GPU, as cuda:0: with one GPU visible, a process
-    of a later local rank takes it when the scheduler chose it (CUDA_VISIBLE_DEVICES is set);
-    on a machine with one GPU and no binding it is an error (two processes cannot share one
-    GPU under nccl), and check_one_gpu_per_rank catches a binding that repeats a GPU.
+    Process `local_rank` of a node takes GPU `local_rank`. A cluster that starts one task
+    per GPU itself (srun, no torchrun) shows each a single GPU, as cuda:0: with one GPU
+    visible, a process of a later local rank takes it when the scheduler chose it
+    (CUDA_VISIBLE_DEVICES is set). Under torchrun (TORCHELASTIC_RUN_ID is set) every worker
+    of a node sees the same GPUs, so there, and on a machine with one GPU, a later local
+    rank than there are GPUs is an error: two processes cannot share one GPU under nccl.
     """
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
@@ -148,7 +211,9 @@ def pick_device(requested="auto", local_rank=0):
             raise UsageError("--device cuda asked for, but this machine has no usable CUDA GPU "
                              "(use --device cpu or --device auto)")
         visible = torch.cuda.device_count()
-        if visible == 1 and local_rank > 0 and os.environ.get("CUDA_VISIBLE_DEVICES"):
+        bound_by_scheduler = (os.environ.get("CUDA_VISIBLE_DEVICES")
+                              and "TORCHELASTIC_RUN_ID" not in os.environ)
+        if visible == 1 and local_rank > 0 and bound_by_scheduler:
             return torch.device("cuda", 0)  # the one GPU the scheduler bound to this process
         if local_rank >= visible:
             raise UsageError(f"local rank {local_rank} needs GPU {local_rank}, but only "
@@ -160,6 +225,21 @@ def pick_device(requested="auto", local_rank=0):
             raise UsageError("--device mps asked for, but Apple's MPS backend is not available here")
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def say_device(device, requested):
+    """Say once (rank 0) where the run trains; louder when --device auto found no GPU
+    although this PyTorch is built for CUDA (a driver, or CUDA_VISIBLE_DEVICES, hides it)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    if device.type == "cuda":
+        say(f"training on {device} ({torch.cuda.get_device_name(device)})")
+    elif device.type == "cpu" and requested == "auto" and torch.version.cuda:
+        say(f"notice: --device auto found no usable GPU, although this PyTorch is built for "
+            f"CUDA {torch.version.cuda} (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides "
+            "them): training on the CPU")
+    else:
+        say(f"training on {device}")
 
 
 def require_gpus_for_data_parallel(device):
@@ -185,8 +265,9 @@ def set_cpu_threads(threads=None, processes_per_node=None):
     """Split the cores this process may use between the processes of its node: torchrun's
     LOCAL_WORLD_SIZE of them (1 without torchrun), unless `processes_per_node` is given.
 
-    The cores it may use, not all of the machine's: a Slurm job or a container gives a
-    process fewer (os.sched_getaffinity), and counting all of them oversubscribes."""
+    The cores it may use, not all of the machine's: a Slurm job or a container may pin it
+    to fewer, or cap its CPU time (hardware.usable_cores), and counting all of them
+    oversubscribes."""
     if processes_per_node is None:
         processes_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     threads = threads or max(1, usable_cores() // processes_per_node)
@@ -362,34 +443,48 @@ def _cifar10_downloaded_once(data_dir):
     node without a shared file system) downloads them, one process at a time per disk (a
     lock file in data_dir), and the others on that disk find them whole and fetch nothing.
     The lock, not LOCAL_RANK, decides: under torchrun --virtual-local-rank every worker's
-    LOCAL_RANK is 0. Then every rank reads them."""
+    LOCAL_RANK is 0. Then every rank reads them.
+
+    Every rank meets the others at both barriers whatever happens in its turn: a rank that
+    left the sequence early would meet the others in another collective, and the run would
+    hang there."""
     if dist.is_initialized():
         for my_turn in (dist.get_rank() == 0, dist.get_rank() != 0):
-            if my_turn:
-                with _one_process_at_a_time(Path(data_dir) / ".download.lock"):
-                    try:
+            try:
+                if my_turn:
+                    with _one_process_at_a_time(Path(data_dir) / ".download.lock"):
                         cifar10_tensors(data_dir, download=True)  # verifies files it finds
-                    except Exception:  # reported below, when reading the files fails too
-                        pass
-            barrier()
+            except Exception:  # reported below, when reading the files fails too
+                pass
+            finally:
+                barrier()
     return cifar10_tensors(data_dir, download=not dist.is_initialized())
 
 
 @contextlib.contextmanager
 def _one_process_at_a_time(lock_path):
-    """An exclusive lock on a file (POSIX flock); where there is none, no lock."""
+    """An exclusive lock on a file (POSIX flock). Where none can be had (Windows, a
+    read-only folder, a file system without flock), no lock, said in one line: the
+    download verifies what it finds, so the lock only saves downloading twice."""
+    lock = None
     try:
         import fcntl
-    except ImportError:  # Windows: no flock
-        yield
-        return
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        # read-only, created if missing: an existing lock file in a read-only folder serves
+        lock = os.open(lock_path, os.O_RDONLY | os.O_CREAT, 0o666)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    except ImportError:  # Windows: no flock
+        pass
+    except OSError as error:
+        say(f"no download lock ({first_line(error)}): downloading without one")
+        if lock is not None:
+            os.close(lock)
+            lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            os.close(lock)  # closing the file releases the lock
 
 
 def check_batch_fits(batch_size, train_samples, world_size=None):
@@ -447,7 +542,9 @@ def evaluate(model, loader, device):
 
 def run_context(args, device, strategy, threads, data_source, world_size=1, gpus=None, **levers):
     """What every line of metrics.jsonl records about how the run was made; `levers`: the
-    options of chapter 10 (train_fast.py, speed.lever_settings)."""
+    options of chapter 10 (train_fast.py, speed.lever_settings). Rank 0 also says, once, on
+    which device the run trains."""
+    say_device(device, args.device)
     if gpus is None:
         gpus = world_size if device.type == "cuda" else 0
     return {"world_size": world_size, "device": str(device),
@@ -459,7 +556,7 @@ def run_context(args, device, strategy, threads, data_source, world_size=1, gpus
 
 def epoch_record(epoch, train_totals, test_totals, epoch_time_s, **context):
     """One line of metrics.jsonl."""
-    train_loss, train_seen = train_totals.tolist()
+    train_loss, train_seen = train_totals.tolist()[:2]
     test_loss, correct, test_seen = test_totals.tolist()
     return {"epoch": epoch,
             "train_loss": train_loss / train_seen,
@@ -633,13 +730,10 @@ def check_one_gpu_per_rank(device):
     speaks for the case NCCL lets through, where the ranks would contend for one GPU."""
     if device.type != "cuda" or dist.get_world_size() == 1:
         return
-    # gloo binds to the address the host name resolves to: on several nodes whose names
-    # resolve to 127.0.1.1 (/etc/hosts), set GLOO_SOCKET_IFNAME as well as NCCL_SOCKET_IFNAME
-    cpu_group = dist.new_group(backend="gloo")  # compared on the CPU, not through the GPU in question
+    # Over the group just made (nccl, on the GPU torch.cuda.set_device chose): a second
+    # group, of gloo, would need a network interface of its own on every node.
     uuids = [None] * dist.get_world_size()
-    dist.all_gather_object(uuids, str(torch.cuda.get_device_properties(device).uuid),
-                           group=cpu_group)
-    dist.destroy_process_group(cpu_group)
+    dist.all_gather_object(uuids, str(torch.cuda.get_device_properties(device).uuid))
     for rank, uuid in enumerate(uuids):
         if uuids.index(uuid) != rank:
             raise UsageError(f"ranks {uuids.index(uuid)} and {rank} were given the same GPU "
@@ -685,6 +779,27 @@ def agree_on_data_source(source, data_dir):
         raise UsageError(f"the ranks loaded different data: rank 0 {sources[0]!r}, ranks {odd} "
                          f"{sources[odd[0]]!r}; put CIFAR-10 in {data_dir!r} on every node "
                          "(or use a shared file system), or pass --dataset synthetic")
+
+
+def stop_if_loss_not_finite(train_totals, epoch):
+    """After an epoch's training, before anything of it is saved: if the loss became nan or
+    inf, stop the run on every rank, with one line that names the epoch and the step.
+
+    train_one_epoch keeps its totals on the device: (sum of losses, samples, steps before
+    that sum stopped being finite). A check at every step would need the CPU to read the
+    loss (.item()), and wait for the GPU, at every step; here the device counts the steps
+    and the CPU reads one number per epoch. The epoch runs to its end, and the checkpoint
+    of the last good epoch stays. The ranks' losses differ (each its own batches), so they
+    agree on the earliest step over all ranks: one all_reduce of one number per epoch."""
+    first_bad_step = (train_totals[2] + 1).where(~train_totals[0].isfinite(), math.inf)
+    first_bad_step = first_bad_step.reshape(1)
+    if dist.is_initialized():
+        dist.all_reduce(first_bad_step, op=dist.ReduceOp.MIN)
+    step = first_bad_step.item()
+    if math.isfinite(step):
+        raise RunStopped(f"the loss became nan or inf at epoch {epoch}, step {step:.0f}: lower "
+                         f"--lr (nothing of epoch {epoch} was saved: the checkpoint, if there "
+                         "is one, holds the epoch before)")
 
 
 def reduce_sum(totals):

@@ -26,12 +26,45 @@ def cpu_name():
 
 
 def usable_cores():
-    """The cores this process may run on: fewer than the machine's in a Slurm job or a
-    container that pins it (os.sched_getaffinity), all of them elsewhere."""
+    """The cores this process may keep busy: those it may run on (os.sched_getaffinity: fewer
+    in a Slurm job or a container pinned to cores), or fewer still under a container's CPU
+    quota (docker --cpus, Kubernetes CPU limits), which the pinning does not show."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cpu_quota_cores()
+    return min(cores, quota) if quota else cores
+
+
+def cpu_quota_cores(cgroup="/sys/fs/cgroup"):
+    """The CPU time a quota allows this process's cgroup, in cores (rounded up), or None.
+
+    cgroup v2 writes it as "QUOTA PERIOD" in cpu.max ("max PERIOD": no quota); cgroup v1 as
+    cpu/cpu.cfs_quota_us (-1: no quota) and cpu/cpu.cfs_period_us. Inside a container,
+    /sys/fs/cgroup shows the container's own cgroup; elsewhere its top, where no quota is."""
+    root = Path(cgroup)
+    v2 = _read(root / "cpu.max")
+    if v2 is not None:
+        return quota_cores(*(v2.split() + ["100000"])[:2])
+    return quota_cores(_read(root / "cpu" / "cpu.cfs_quota_us"),
+                       _read(root / "cpu" / "cpu.cfs_period_us"))
+
+
+def quota_cores(quota, period):
+    """ceil(quota / period) for two numbers as cgroups write them; None for no quota."""
+    try:
+        quota, period = int(quota), int(period)
+    except (TypeError, ValueError):  # "max", or a file that is not there
+        return None
+    return -(-quota // period) if quota > 0 and period > 0 else None
+
+
+def _read(path):
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
 
 
 def describe_hardware(device=None):

@@ -55,13 +55,15 @@ def logged_epochs(out):
     return [row["epoch"] for row in metrics_rows(out)]
 
 
-def write_error_file(error, exit_code, rank=None):
+def write_error_file(error, exit_code, rank=None, with_stack=True):
     """Record why this process fails, for torchrun and the launcher. No-op outside torchrun
-    (and outside the launcher, which sets the variable for a single process too)."""
+    (and outside the launcher, which sets the variable for a single process too).
+    `with_stack=False`: an error said in one line (bad input, a run that had to stop), whose
+    traceback would say nothing more."""
     path = os.environ.get(ERROR_FILE_VARIABLE)
     if not path:
         return
-    stack = "".join(traceback.format_exception(error)) if exit_code != 2 else ""
+    stack = "".join(traceback.format_exception(error)) if with_stack else ""
     data = {"message": {"message": f"{type(error).__name__}: {error}",
                         "extraInfo": {"py_callstack": stack,
                                       "timestamp": str(int(time.time()))}},

@@ -24,18 +24,19 @@ from ddp_scripts.common import (build_model, build_parser, check_args, check_bat
                                 evaluate, load_datasets, make_loader, pick_device,
                                 prepare_out_dir, reported_if_out_of_memory, resume_from, run_cli,
                                 run_context, save_epoch, say, set_cpu_threads, start_out_dir,
-                                synchronize, write_summary)
+                                stop_if_loss_not_finite, synchronize, write_summary)
 from ddp_scripts.common import require_gpus_for_data_parallel  # DP
 
 
 def train_one_epoch(model, loader, optimizer, device):
-    """One pass over the training batches; returns (sum of losses, samples) on `device`.
+    """One pass over the training batches; returns (sum of losses, samples, steps while that
+    sum was finite) on `device`.
 
     The loss is added up on the device and read once per epoch: `.item()` in the loop
     would make the CPU wait for the GPU at every step.
     """
     model.train()
-    totals = torch.zeros(2, device=device, dtype=torch.float64)
+    totals = torch.zeros(3, device=device, dtype=torch.float64)
     for images, labels in loader:
         images, labels = images.to(device), labels.to(device)  # the batch goes where the model is
         optimizer.zero_grad()
@@ -45,6 +46,7 @@ def train_one_epoch(model, loader, optimizer, device):
         optimizer.step()
         totals[0] += loss.detach() * len(labels)
         totals[1] += len(labels)
+        totals[2] += totals[0].isfinite()  # steps before the loss became nan or inf, if it does
     return totals
 
 
@@ -80,6 +82,7 @@ def main():
         shuffle.generator.manual_seed(args.seed + epoch)
         epoch_start = time.perf_counter()
         train_totals = train_one_epoch(model, train_loader, optimizer, device)
+        stop_if_loss_not_finite(train_totals, epoch)  # nan or inf: stop before saving anything
         synchronize(device)  # GPU work is queued: wait for it before reading the clock
         epoch_time = time.perf_counter() - epoch_start
         test_totals = evaluate(model, test_loader, device)

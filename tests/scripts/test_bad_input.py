@@ -40,6 +40,7 @@ def test_one_gpu_per_task_clusters_and_one_gpu_machines(monkeypatch):
     """A scheduler that binds one GPU to each task shows every process only cuda:0; a
     machine with one GPU and two processes is an error, not two ranks on one GPU."""
     from ddp_scripts import common
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # what Slurm's --gpus-per-task=1 sets
@@ -49,18 +50,54 @@ def test_one_gpu_per_task_clusters_and_one_gpu_machines(monkeypatch):
         common.pick_device("auto", local_rank=1)
 
 
-def test_threads_follow_the_cores_this_process_may_use(monkeypatch):
-    """In a Slurm job or a container, a process may run on fewer cores than the machine has."""
+def test_under_torchrun_a_second_rank_on_one_visible_gpu_is_an_error(monkeypatch):
+    """torchrun's workers share one CUDA_VISIBLE_DEVICES (Slurm sets it for every GPU job):
+    there one visible GPU and local rank 1 is the mistake, said in one line, not a binding."""
     from ddp_scripts import common
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")   # what Slurm's --gres=gpu:1 sets
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # what torchrun gives each worker
+    with pytest.raises(common.UsageError, match="local rank 1 needs GPU 1, but only 1 GPU"):
+        common.pick_device("cuda", local_rank=1)
+    assert common.pick_device("cuda", local_rank=0) == torch.device("cuda", 0)
+
+
+def test_threads_follow_the_cores_this_process_may_use(monkeypatch):
+    """In a Slurm job or a container, a process may run on fewer cores than the machine has,
+    or have a CPU quota that allows fewer still."""
+    from ddp_scripts import common, hardware
     saved = torch.get_num_threads()
     monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7}, raising=False)
     monkeypatch.setattr(common.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(hardware, "cpu_quota_cores", lambda: None)
     try:
         assert common.set_cpu_threads(None, processes_per_node=2) == 2
         assert common.set_cpu_threads(None, processes_per_node=8) == 1
         assert common.set_cpu_threads(3, processes_per_node=2) == 3  # --threads wins
+        monkeypatch.setattr(hardware, "cpu_quota_cores", lambda: 2)  # docker run --cpus 1.5
+        assert common.set_cpu_threads(None, processes_per_node=1) == 2
+        monkeypatch.setattr(hardware, "cpu_quota_cores", lambda: 16)  # more than it may run on
+        assert common.set_cpu_threads(None, processes_per_node=1) == 4
     finally:
         torch.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("files, cores", [
+    ({"cpu.max": "max 100000\n"}, None),          # cgroup v2, no quota
+    ({"cpu.max": "150000 100000\n"}, 2),          # docker run --cpus 1.5: rounded up
+    ({"cpu.max": "400000 100000\n"}, 4),
+    ({"cpu.max": "50000 100000\n"}, 1),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # v1
+    ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3),
+    ({}, None),                                    # no cgroup file system (macOS)
+])
+def test_cpu_quota_is_read_from_the_cgroup(tmp_path, files, cores):
+    from ddp_scripts.hardware import cpu_quota_cores
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cpu_quota_cores(tmp_path) == cores
 
 
 def test_out_of_memory_is_one_line_with_what_to_do():
@@ -75,14 +112,60 @@ def test_out_of_memory_is_one_line_with_what_to_do():
 
 
 @pytest.mark.parametrize("option, value, fragment", [
-    ("--batch-size", "0", "--batch-size must be at least 1"),
     ("--batch-size", "1024", "larger than the 512 training images"),
-    ("--epochs", "0", "--epochs must be at least 1"),
+    ("--epochs", "abc", "--epochs must be a whole number, got 'abc'"),
+    ("--lr", "fast", "--lr must be a number, got 'fast'"),
+    *[(option, value, f"{option} must be ")
+      for option, values in [("--lr", ["nan", "inf", "-inf", "0", "-1"]),
+                             ("--momentum", ["nan", "inf", "-0.5"]),
+                             ("--epochs", ["0", "-1", "1.5"]),
+                             ("--batch-size", ["0", "-1", "nan"]),
+                             ("--train-samples", ["0", "-1"]),
+                             ("--test-samples", ["0", "-1"]),
+                             ("--threads", ["0", "-1"]),
+                             ("--stop-after-epoch", ["0", "-1"]),
+                             ("--seed", ["-1", str(2**64)]),
+                             ("--timeout-s", ["0", "-1", "nan", "inf", "1e300"]),
+                             ("--local-rank", ["-1"])]
+      for value in values],
 ])
 def test_numbers_that_cannot_work(tmp_path, option, value, fragment):
-    result = run_in_process("train_single.py", *SMALL, "--device", "cpu", option, value,
+    """Every numeric option is checked as it is read: one line that names it and the value."""
+    result = run_in_process("train_single.py", *SMALL, "--device", "cpu", f"{option}={value}",
                             "--out", tmp_path / "run")
     assert_one_line_error(result, fragment)
+    if fragment.endswith("must be "):
+        assert result.stderr.strip().endswith((f"got {value}", f"got {value!r}")), result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("script", ["train_ddp.py", "train_fast.py"])
+def test_the_ddp_scripts_check_their_numbers_too(tmp_path, script):
+    result = run_in_process(script, *SMALL, "--lr", "nan", "--out", tmp_path / "run")
+    assert_one_line_error(result, "--lr must be a finite number above 0, got nan")
+
+
+def test_large_finite_numbers_are_accepted():
+    """A learning rate of 1e30 is finite: whether it trains is the run's to find out."""
+    from ddp_scripts.common import build_parser
+    args = build_parser("test").parse_args(["--out", "x", "--lr", "1e30", "--timeout-s", "1e9",
+                                            "--seed", str(2**63 - 1), "--momentum", "0"])
+    assert (args.lr, args.timeout_s, args.seed, args.momentum) == (1e30, 1e9, 2**63 - 1, 0)
+
+
+@pytest.mark.parametrize("arguments, fragment", [
+    (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+    (["--no-such-option"], "unrecognized arguments: --no-such-option"),
+])
+def test_other_command_line_mistakes_are_one_line_too(tmp_path, arguments, fragment):
+    result = run_in_process("train_single.py", *SMALL, *arguments, "--out", tmp_path / "run")
+    assert_one_line_error(result, fragment)
+    assert "usage:" not in result.stdout + result.stderr
+
+
+def test_a_missing_out_is_one_line():
+    result = run_in_process("train_single.py", *SMALL)
+    assert_one_line_error(result, "the following arguments are required: --out")
 
 
 def test_an_existing_run_is_never_overwritten_silently(tmp_path):
@@ -152,3 +235,28 @@ def test_cifar10_downloads_take_turns_on_one_disk(tmp_path):
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     with open(lock) as other:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+@pytest.mark.parametrize("cannot", ["lock path is a directory", "no flock on this file system"])
+def test_a_download_lock_that_cannot_be_had_means_no_lock(tmp_path, monkeypatch, capsys, cannot):
+    """A read-only data folder, or a file system without flock (ENOSYS), or a directory where
+    the lock file would be: the download goes on without a lock, said in one line."""
+    import errno
+    import fcntl
+
+    from ddp_scripts import common
+    lock = tmp_path / "data" / ".download.lock"
+    if cannot == "lock path is a directory":
+        lock.mkdir(parents=True)
+    else:
+        def no_flock(fd, operation):
+            raise OSError(errno.ENOSYS, "Function not implemented")
+        monkeypatch.setattr(fcntl, "flock", no_flock)
+    ran = []
+    with common._one_process_at_a_time(lock):
+        ran.append(True)
+    assert ran == [True]
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 1 and said[0].startswith("[rank 0] no download lock ("), said
+    assert said[0].endswith("): downloading without one")
+    assert ("Is a directory" if cannot.startswith("lock") else "Function not implemented") in said[0]
