@@ -3,11 +3,12 @@
 Shared by the tests of the sources and tools (tests/book/) and of the built book (tests/site/).
 """
 import json
-import re
 from html.parser import HTMLParser
 from pathlib import Path
 
 import yaml
+
+from book.tools import sources
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "_build"
@@ -42,25 +43,7 @@ def site_config():
 
 def toc_entries():
     """[(file without suffix, chapter number or None)] in reading order, root first."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    entries, number = [(toc["root"], None)], 0
-    for part in toc.get("parts", []):
-        for chapter in part.get("chapters", []):
-            if part.get("numbered"):
-                number += 1
-                entries.append((chapter["file"], number))
-            else:
-                entries.append((chapter["file"], None))
-    return entries
-
-
-def source_path(entry):
-    """The source file of a toc entry: .ipynb or .md."""
-    for suffix in (".ipynb", ".md"):
-        path = ROOT / (entry + suffix)
-        if path.exists():
-            return path
-    return ROOT / (entry + (".ipynb" if entry.startswith("notebooks/") else ".md"))
+    return sources.toc_entries(ROOT)
 
 
 def chapters():
@@ -80,11 +63,6 @@ def cell_source(cell):
 
 def first_code_cell(notebook):
     return next((cell for cell in notebook["cells"] if cell["cell_type"] == "code"), None)
-
-
-def chapter_id(path):
-    """'01_devices' -> 1."""
-    return int(re.match(r"(\d+)_", Path(path).name).group(1))
 
 
 def page_for(entry):
