@@ -2,8 +2,9 @@
 
 `step_memory(device)` runs a few steps of a small network on a CUDA device and returns the
 caching allocator's numbers: the peak of what tensors held (`max_memory_allocated`), the
-peak of what the allocator kept from the GPU (`max_memory_reserved`, which decides an
-out-of-memory error), and `memory_summary`; with `snapshot` it records the history of every
+peak of what the allocator kept from the GPU (`max_memory_reserved`, a safe upper bound of
+what the step needs), how often it had to free its cache and retry (`num_alloc_retries`), and
+`memory_summary`; with `snapshot` it records the history of every
 allocation and writes the snapshot that pytorch.org/memory_viz draws.
 """
 import torch
@@ -47,4 +48,5 @@ def step_memory(device, steps=3, batch=256, snapshot=None):
             "max_allocated": torch.cuda.max_memory_allocated(device),
             "reserved": torch.cuda.memory_reserved(device),
             "max_reserved": torch.cuda.max_memory_reserved(device),
+            "alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
             "summary": torch.cuda.memory_summary(device, abbreviated=True)}

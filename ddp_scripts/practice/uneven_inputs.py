@@ -55,6 +55,21 @@ def dump_flight_record(folder, rank, group_desc):
     write_atomically(Path(folder) / f"rank_{rank}", lambda f: pickle.dump(record, f), mode="wb")
 
 
+def analyser_reads_gloo():
+    """Whether this torch's Flight Recorder analyser reads gloo's records. torch 2.11's reads
+    NCCL's and XCCL's only: its Op stops with "name formatting error? gloo != ..." (gloo was
+    added in pytorch/pytorch#180268, April 2026). A record of gloo, empty but for its name,
+    shows it: past the backend check, the missing fields raise something else."""
+    from torch.distributed.flight_recorder.components.types import Op
+    try:
+        Op({"profiling_name": "gloo:allreduce"}, {}, "")
+    except AssertionError as error:
+        return "name formatting error" not in str(error)
+    except Exception:  # noqa: BLE001 - the backend was accepted; the empty record was not
+        return True
+    return True
+
+
 def analyse_flight_records(folder):
     """torch's analyser (`torchfrtrace FOLDER`) on the ranks' records: its report, as text."""
     from torch.distributed.flight_recorder.components.fr_logger import FlightRecorderLogger

@@ -103,9 +103,11 @@ def test_join_leaves_the_momentum_unequal_and_a_broadcast_keeps_the_replicas_one
 
 
 def test_the_flight_recorder_names_the_collective_rank_1_never_joined(practice):
-    from ddp_scripts.practice.uneven_inputs import analyse_flight_records
+    from ddp_scripts.practice.uneven_inputs import analyse_flight_records, analyser_reads_gloo
     folder = practice["out"] / practice["uneven_inputs"]["flight_recorder"]
     assert sorted(p.name for p in folder.iterdir()) == ["rank_0", "rank_1"]
+    if not analyser_reads_gloo():
+        pytest.skip("this torch's Flight Recorder analyser reads NCCL's records, not gloo's")
     text = analyse_flight_records(folder)
     mismatch = text[text.index("Not all ranks joining collective"):]
     assert text.count("Not all ranks joining collective") == 1
