@@ -2,7 +2,9 @@
 
 One torchrun start of tests/scripts/ranks_probe.py checks: a resume decided by rank 0 for ranks that
 cannot see its disk; rank 0's bad-input verdict on every rank; CIFAR-10 downloaded by rank 0
-alone and a run stopped when ranks load different data; BatchNorm statistics averaged.
+alone and a run stopped when ranks load different data; BatchNorm statistics averaged. A second,
+of tests/scripts/same_gpu_probe.py, checks that two ranks given one GPU are refused over the
+group the run already has.
 """
 import json
 
@@ -51,3 +53,16 @@ def test_cifar10_is_downloaded_by_rank_0_alone_and_different_data_stops_the_run(
 def test_batchnorm_statistics_agree_after_averaging(seen):
     assert seen[0]["running_mean"] == seen[1]["running_mean"]
     assert seen[0]["running_mean"] != [0.0, 0.0, 0.0]
+
+
+def test_two_ranks_on_one_gpu_are_refused_over_the_default_group(tmp_path):
+    """check_one_gpu_per_rank compares the ranks' GPU UUIDs over the group the run already
+    has (faked UUIDs, gloo, on the CPU): no second group, so no second network transport."""
+    run_command(torchrun_command(str(ROOT / "tests" / "scripts" / "same_gpu_probe.py"), 2,
+                                 [str(tmp_path)]), timeout=300, echo=lambda line: None,
+                env={"PYTHONPATH": str(ROOT)})
+    seen = [json.loads((tmp_path / f"gpus{rank}.json").read_text()) for rank in (0, 1)]
+    for rank in seen:
+        assert rank["different"] == "passed"
+        assert rank["same"] == ("ranks 0 and 1 were given the same GPU (GPU-shared): "
+                                "start one process per GPU")

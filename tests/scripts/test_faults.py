@@ -2,12 +2,14 @@
 
 A crash in the middle of a save or between a log line and its checkpoint; a second node
 that never joins the c10d rendezvous; a launcher that times out, is interrupted, or loses the
-kernel that started it. Chapter 8's own runs show a killed rank restarted to the model an
-uninterrupted run ends with, a rank that skips a collective, and a node that never joins the
-static rendezvous: tests/site/test_chapter_runs.py tests those runs. Each torchrun start
-costs seconds on two cores, so the runs are small and few; every timeout is generous, and
-every test checks something that a broken script or launcher would get wrong.
+kernel that started it; a download lock that cannot be had; a loss that becomes nan.
+Chapter 8's own runs show a killed rank restarted to the model an uninterrupted run ends
+with, a rank that skips a collective, and a node that never joins the static rendezvous:
+tests/site/test_chapter_runs.py tests those runs. Each torchrun start costs seconds on two
+cores, so the runs are small and few; every timeout is generous, and every test checks
+something that a broken script or launcher would get wrong.
 """
+import re
 import signal
 import subprocess
 import sys
@@ -212,3 +214,81 @@ def test_node_that_never_joins_fails_with_a_rendezvous_timeout(tmp_path):
     assert not isinstance(caught.value, LaunchTimeout)  # torchrun gave up, not the launcher
     assert watcher.workers("train_ddp.py") == []  # no worker was ever started
     assert watcher.survivors() == []
+
+
+@pytest.mark.timeout(300)
+def test_a_download_lock_that_cannot_be_had_does_not_split_the_ranks(tmp_path, monkeypatch):
+    """The data folder's lock file cannot be opened (here a directory stands where it would
+    be; on a cluster, a read-only folder or a file system without flock): each rank says
+    so in one line and downloads without it, every rank reaches the same barriers, and the
+    run ends by itself, on the announced fallback (no internet here). A rank that left the
+    barriers early would hang the run until --timeout-s, then fail with gloo's tracebacks."""
+    for name in ("no_proxy", "NO_PROXY"):  # the download must go through the dead proxy
+        monkeypatch.delenv(name, raising=False)
+    for name in ("http_proxy", "https_proxy"):  # a port where nothing listens: no internet
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    data = tmp_path / "data"
+    (data / ".download.lock").mkdir(parents=True)
+    lines = []
+    run_script("train_ddp.py", nproc=2, out=tmp_path / "run", timeout=240, progress=False,
+               echo=lines.append, **dict(RUN, dataset="cifar10", data_dir=data, epochs=1,
+                                         train_samples=256, test_samples=64, timeout_s=30))
+    for rank in (0, 1):
+        said = [line for line in lines if line.startswith(f"[rank {rank}] no download lock (")]
+        assert len(said) == 1 and "Is a directory" in said[0], "\n".join(lines)
+    assert any("using the synthetic CIFAR-shaped data set instead" in line for line in lines)
+    assert not any("Traceback" in line for line in lines), "\n".join(lines)
+    assert metrics_rows(tmp_path / "run")[0]["dataset"] == "synthetic (fallback)"
+
+
+def a_checkpoint_that_diverges(out):
+    """A checkpoint of epoch 1 whose optimizer's learning rate, 1e30, sends the loss to nan
+    within steps: a resumed run takes its learning rate from the checkpoint."""
+    args = build_parser("test").parse_args(["--out", str(out), "--dataset", "synthetic"])
+    out.mkdir()
+    model = build_model()
+    save_checkpoint(out, model, torch.optim.SGD(model.parameters(), lr=1e30, momentum=0.9), 1, args)
+    append_metrics(out, {"epoch": 1, "test_accuracy": 0.1})
+    return (out / CHECKPOINT).read_bytes()
+
+
+def test_a_loss_that_becomes_nan_stops_the_run_and_keeps_the_last_checkpoint(tmp_path):
+    from helpers import run_in_process
+    small = ["--dataset", "synthetic", "--train-samples", "512", "--test-samples", "128",
+             "--device", "cpu"]
+    result = run_in_process("train_single.py", *small, "--lr", "1e30", "--out", tmp_path / "fresh")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr  # one line
+    assert re.fullmatch(r"error: the loss became nan or inf at epoch 1, step \d+: lower --lr "
+                        r"\(nothing of epoch 1 was saved.*\)", result.stderr.strip()), result.stderr
+    assert not (tmp_path / "fresh" / CHECKPOINT).exists() and logged_epochs(tmp_path / "fresh") == []
+
+    before = a_checkpoint_that_diverges(tmp_path / "resumed")
+    result = run_in_process("train_single.py", *small, "--epochs", "3", "--resume",
+                            "--out", tmp_path / "resumed")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert re.fullmatch(r"error: the loss became nan or inf at epoch 2, step \d+: .*",
+                        result.stderr.strip()), result.stderr
+    assert (tmp_path / "resumed" / CHECKPOINT).read_bytes() == before
+    assert logged_epochs(tmp_path / "resumed") == [1]
+
+
+@pytest.mark.timeout(300)
+def test_a_loss_that_becomes_nan_stops_every_rank_at_the_same_step(tmp_path):
+    """Two ranks, each its own batches: they agree on the first step whose loss was not
+    finite, and stop together, with the same line; epoch 1's checkpoint stays."""
+    before = a_checkpoint_that_diverges(tmp_path / "run")
+    lines = []
+    with pytest.raises(LaunchError) as caught:
+        run_script("train_ddp.py", nproc=2, out=tmp_path / "run", timeout=240, progress=False,
+                   echo=lines.append, resume=True, **dict(RUN, timeout_s=60))
+    said = [line for line in lines if "error: the loss became" in line]
+    # torchrun ends the other rank as soon as one fails: its line may never be printed.
+    assert said, "\n".join(lines)
+    assert len({line.split("] ", 1)[1] for line in said}) == 1, said  # the same step on each
+    assert re.fullmatch(r"\[rank [01]\] error: the loss became nan or inf at epoch 2, "
+                        r"step \d+: lower --lr .*", said[0]), said[0]
+    assert not any('File "' in line and "ddp_scripts" in line for line in lines), "\n".join(lines)
+    assert caught.value.exit_code == 1 and "the loss became nan or inf at epoch 2" in str(caught.value)
+    assert (tmp_path / "run" / CHECKPOINT).read_bytes() == before
+    assert logged_epochs(tmp_path / "run") == [1]

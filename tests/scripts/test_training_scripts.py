@@ -8,7 +8,7 @@ import sys
 import torch
 
 from ddp_scripts.runfiles import CHECKPOINT, metrics_rows
-from helpers import SMALL, max_difference, momentum_buffers, run_in_process
+from helpers import SCRIPTS, SMALL, max_difference, momentum_buffers, run_in_process
 
 CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_time_s",
                  "samples_per_s", "world_size", "device", "backend", "strategy"}
@@ -109,3 +109,48 @@ def test_tf32_is_off_unless_asked_and_recorded(tmp_path):
     assert [read_metrics(tmp_path / name)[0]["tf32"] for name in ("off", "on")] == [False, True]
     from ddp_scripts.common import set_precision
     set_precision(False)
+
+
+def test_the_run_says_where_it_trains(tmp_path, monkeypatch):
+    """Once, on rank 0; louder when --device auto found no GPU in a PyTorch built for CUDA."""
+    args = [*SMALL, "--epochs", "1"]
+    result = run_in_process("train_single.py", *args, "--device", "cpu", "--out", tmp_path / "cpu")
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if "training on" in line] == \
+        ["[rank 0] training on cpu"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    result = run_in_process("train_single.py", *args, "--device", "auto", "--out", tmp_path / "auto")
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stdout.splitlines() if "training on" in line]
+    assert said == ["[rank 0] notice: --device auto found no usable GPU, although this PyTorch "
+                    "is built for CUDA 13.0 (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides "
+                    "them): training on the CPU"], said
+
+
+def test_a_finished_run_exits_as_python_does_unless_told_otherwise(tmp_path, monkeypatch):
+    """run_cli leaves through os._exit(0), which skips atexit handlers and unflushed files,
+    only where DDP_SCRIPTS_FAST_EXIT=1 asks for it (the book's launcher and tests)."""
+    import os
+    import subprocess
+
+    from ddp_scripts import common
+    ended = []
+    monkeypatch.setattr(os, "_exit", ended.append)
+    monkeypatch.delenv(common.FAST_EXIT, raising=False)
+    assert common.run_cli(lambda: None) is None and ended == []
+    monkeypatch.setenv(common.FAST_EXIT, "1")
+    common.run_cli(lambda: None)
+    assert ended == [0]
+    monkeypatch.undo()
+    # A script copied from the book, with a handler of its own: it runs.
+    script = tmp_path / "mine.py"
+    script.write_text("import atexit\nfrom ddp_scripts.common import run_cli\n"
+                      f"atexit.register(lambda: open({str(tmp_path / 'flushed')!r}, 'w').close())\n"
+                      "run_cli(lambda: print('trained'))\n")
+    env = {key: value for key, value in os.environ.items() if key != common.FAST_EXIT}
+    env["PYTHONPATH"] = str(SCRIPTS.parent)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout == "trained\n", done.stderr
+    assert (tmp_path / "flushed").exists()
