@@ -270,7 +270,8 @@ def check(facts):
     if len(gpus) < 2:
         findings.append(("not checked", "peer-to-peer", (
             f"{len(gpus)} GPU(s): with two or more this checks "
-            "torch.cuda.can_device_access_peer for every pair, and copies between them")))
+            "torch.cuda.can_device_access_peer for every pair, and copies between them, in a "
+            "child process with a time limit")))
     elif facts.get("pairs_problem"):
         findings.append(("change", "peer-to-peer", (
             f"the copies between every pair of GPUs {facts['pairs_problem']}. Where copies "
