@@ -180,7 +180,8 @@ REPLAYABLE = (nn.Linear, nn.Conv2d, nn.LayerNorm)
 
 def shard_rows(param):
     """The rows of the whole parameter that this rank's shard holds: FSDP2 cuts dim 0 as
-    torch.chunk does, ceil(rows / N) to each rank in rank order (the last ones get fewer)."""
+    torch.chunk does, ceil(rows / N) to each rank in rank order (the last ones get fewer,
+    padded to ceil(rows / N) in the memory FSDP2 allocates)."""
     rows, ranks = param.shape[0], param.device_mesh.size()
     per_rank = -(-rows // ranks)
     first = min(param.device_mesh.get_local_rank() * per_rank, rows)
@@ -422,20 +423,30 @@ def local_bytes(tensor):
 def bytes_per_rank(model, optimizer, device):
     """The largest rank's bytes of parameters, gradients and optimizer state (a collective),
     and on a GPU its peaks since the run started: what the caching allocator handed out to
-    tensors (max_memory_allocated) and what it took from the GPU (max_memory_reserved, which
-    decides an out-of-memory error); what metrics.jsonl records for every epoch."""
-    held = [sum(local_bytes(p) for p in model.parameters()),
-            sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None),
+    tensors (max_memory_allocated) and what it took from the GPU (max_memory_reserved, a safe
+    upper bound of what the run needs: before an out-of-memory error the allocator frees its
+    cache and tries again); what metrics.jsonl records for every epoch.
+
+    The shards are counted where the optimizer holds them, not as model.parameters(): after
+    a forward pass (the epoch's evaluation) the root module shows its gathered copy, since
+    PyTorch keeps the root unsharded after forward, while its shards and their gradients
+    stay allocated. That gathered copy, held beside the shards, is gathered_bytes_per_rank.
+    The largest rank is rank 0: ceil(d / N) rows of every tensor, the size FSDP2 allocates
+    on every rank (padding the shards that hold fewer rows)."""
+    shards = [p for group in optimizer.param_groups for p in group["params"]]
+    held = [sum(local_bytes(p) for p in shards),
+            sum(local_bytes(p.grad) for p in shards if p.grad is not None),
             sum(local_bytes(value) for state in optimizer.state.values()
-                for value in state.values() if torch.is_tensor(value) and value.dim() > 0)]
+                for value in state.values() if torch.is_tensor(value) and value.dim() > 0),
+            sum(local_bytes(p) for p in model.parameters() if not isinstance(p, DTensor))]
     gpu = device.type == "cuda"
     peaks = [torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)] \
         if gpu else [0, 0]
     largest = torch.tensor(held + peaks, dtype=torch.float64, device=device)
     dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-    params, grads, optimizer_bytes, allocated, reserved = (int(x) for x in largest.tolist())
+    params, grads, optimizer_bytes, gathered, allocated, reserved = (int(x) for x in largest.tolist())
     return {"param_bytes_per_rank": params, "grad_bytes_per_rank": grads,
-            "optimizer_bytes_per_rank": optimizer_bytes,
-            "parameters": sum(p.numel() for p in model.parameters()),
+            "optimizer_bytes_per_rank": optimizer_bytes, "gathered_bytes_per_rank": gathered,
+            "parameters": sum(p.numel() for p in shards),
             "max_memory_allocated": allocated if gpu else None,
             "max_memory_reserved": reserved if gpu else None}

@@ -1,5 +1,5 @@
 """train_fsdp.py: sharded checkpoints that resume on more ranks (1 -> 2), one-line errors,
-the memory options, and that the whole model never exists on a rank.
+the memory options, what each rank holds, and that the whole model is never made on a rank.
 
 What chapter 11's own runs show (FSDP = DDP in float64, what each rank holds, a 2-rank
 checkpoint resumed on 1 rank) is tested on those runs, in tests/site/test_chapter_runs.py.
@@ -186,7 +186,7 @@ def test_cpu_offload_on_a_gpu(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# The whole model never exists on a rank
+# The whole model is never made on a rank
 # ---------------------------------------------------------------------------------------
 class LargestPlainTensor(torch.utils._python_dispatch.TorchDispatchMode):
     """Notes the largest plain tensor (not meta, not a DTensor) any operation makes while
@@ -257,3 +257,50 @@ def test_train_fsdp_never_makes_a_tensor_of_the_whole_model_size(tmp_path):
         recorder.largest = 0
         build_model("cnn")
     assert recorder.largest == max(p.numel() for p in build_model("cnn").parameters())
+
+
+# ---------------------------------------------------------------------------------------
+# What each rank holds: the shards, to the byte, and the root's gathered copy beside them
+# ---------------------------------------------------------------------------------------
+def test_bytes_per_rank_are_the_shards_and_the_gathered_root_comes_beside_them():
+    """The wide MLP sharded over 4 ranks (a fake process group: rank 0's shards are made,
+    the collectives move nothing), one step, then a forward pass under no_grad as the
+    epoch's evaluation runs it. Each tensor's first dimension d is cut into ceil(d / 4)
+    rows, rank 0's share (the head's 10 rows: 3 + 3 + 3 + 1): what bytes_per_rank reports,
+    exactly. The root (stem and head), not resharded after forward, is held gathered beside
+    its shards until state_dict(), which the checkpoint's save calls, reshards it."""
+    import math
+
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from ddp_scripts.sharding import WideMLP, bytes_per_rank
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        torch.manual_seed(0)
+        model = WideMLP(64, 2).to(torch.float64)
+        whole = {name: p.shape for name, p in model.named_parameters()}
+        root = sum(p.numel() for part in (model.stem, model.head) for p in part.parameters()) * 8
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        images = torch.randn(8, 3, 32, 32, dtype=torch.float64)
+        torch.nn.functional.cross_entropy(model(images), torch.randint(0, 10, (8,))).backward()
+        optimizer.step()
+        with torch.no_grad():
+            model(images)
+        assert not isinstance(model.stem.weight, DTensor)  # the root's gathered copy, shown
+        held = bytes_per_rank(model, optimizer, torch.device("cpu"))
+        shards = 8 * sum(math.ceil(shape[0] / 4) * math.prod(shape[1:]) for shape in whole.values())
+        assert shards > 8 * sum(math.prod(shape) for shape in whole.values()) / 4  # the head pads
+        assert (held["param_bytes_per_rank"], held["grad_bytes_per_rank"],
+                held["optimizer_bytes_per_rank"]) == (shards, shards, shards)
+        assert held["gathered_bytes_per_rank"] == root
+        assert held["parameters"] == sum(math.prod(shape) for shape in whole.values())
+        model.state_dict()  # what get_state_dict calls before DCP saves
+        assert isinstance(model.stem.weight, DTensor)
+        assert bytes_per_rank(model, optimizer, torch.device("cpu"))["gathered_bytes_per_rank"] == 0
+    finally:
+        dist.destroy_process_group()
