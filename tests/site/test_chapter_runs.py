@@ -135,6 +135,34 @@ def test_fsdp_equals_ddp_in_float64():
     assert moved_from_the_start(fsdp, torch.float64) > 1e-3
 
 
+def test_fsdp_equals_ddp_in_float32_on_four_ranks_up_to_rounding():
+    fsdp, ddp = checkpoint("ch11-fsdp-float32"), checkpoint("ch11-ddp-float32")
+    assert fsdp["model"]["fc3.weight"].dtype == torch.float32
+    assert metrics_rows(built_run("ch11-fsdp-float32"), strict=True)[-1]["world_size"] == 4
+    moved = moved_from_the_start(fsdp, torch.float32)
+    assert moved > 1e-3
+    assert max_difference(fsdp["model"], ddp["model"]) < 1e-4 * moved
+
+
+def test_fsdp_bytes_per_rank_are_the_shards_to_the_byte():
+    """Chapter 11's MLP runs on 1, 2 and 4 ranks: each tensor's first dimension d cut into
+    ceil(d / N) rows; the root (stem and head) held gathered after the evaluation."""
+    import math
+
+    from ddp_scripts.sharding import WideMLP
+    model = WideMLP(256, 4)
+    root = 8 * sum(p.numel() for part in (model.stem, model.head) for p in part.parameters())
+    rows = [row for name in ("ch11-two-then-one", "ch11-four")
+            for row in metrics_rows(built_run(name), strict=True)]
+    assert {row["world_size"] for row in rows} == {1, 2, 4}
+    for row in rows:
+        n = row["world_size"]
+        shards = 8 * sum(math.ceil(p.shape[0] / n) * p[0].numel() for p in model.parameters())
+        held = (row["param_bytes_per_rank"], row["grad_bytes_per_rank"], row["optimizer_bytes_per_rank"])
+        assert held == (shards, shards, shards), (n, held, shards)
+        assert row["gathered_bytes_per_rank"] == root
+
+
 def test_fsdp_metrics_what_each_rank_holds_and_its_checkpoints():
     out = built_run("ch11-fsdp")
     row = metrics_rows(out, strict=True)[-1]
