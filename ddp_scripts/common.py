@@ -104,26 +104,24 @@ def count(text):
     return _number(int, text, lambda n: n >= 1, "at least 1")
 
 
-def index(text):
+def non_negative_int(text):
     return _number(int, text, lambda n: n >= 0, "0 or more")
 
 
-def seed(text):  # torch.manual_seed takes up to 2**64 - 1, and the scripts add the epoch
+def seed_number(text):  # torch.manual_seed takes up to 2**64 - 1, and the scripts add the epoch
     return _number(int, text, lambda n: 0 <= n < 2**63, "from 0 to 2**63 - 1")
 
 
-def positive(text):
+def positive_number(text):
     return _number(float, text, lambda x: x > 0, "a finite number above 0")
 
 
-def non_negative(text):
+def non_negative_number(text):
     return _number(float, text, lambda x: x >= 0, "a finite number, 0 or more")
 
 
-def seconds(text):  # what datetime.timedelta, and so a process group's timeout, can hold
-    longest = datetime.timedelta.max.total_seconds()
-    return _number(float, text, lambda x: 0 < x < longest,
-                   f"a number of seconds above 0 and below {longest:.3g}")
+def seconds(text):  # gloo refuses, in a traceback, a timeout of 1e10 s (it overflows)
+    return _number(float, text, lambda x: 0 < x <= 1e9, "a number of seconds above 0, at most 1e9")
 
 
 def build_parser(description):
@@ -141,9 +139,9 @@ def build_parser(description):
                         "torchvision's ImageNet stem")
     p.add_argument("--epochs", type=count, default=2)
     p.add_argument("--batch-size", type=count, default=32, help="per process")
-    p.add_argument("--lr", type=positive, default=0.01)
-    p.add_argument("--momentum", type=non_negative, default=0.9)
-    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--lr", type=positive_number, default=0.01)
+    p.add_argument("--momentum", type=non_negative_number, default=0.9)
+    p.add_argument("--seed", type=seed_number, default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
     p.add_argument("--threads", type=count, default=None,
@@ -161,7 +159,7 @@ def build_parser(description):
                    help="DDP: how long a collective waits for the other ranks before failing")
     # The source article's launcher, python -m torch.distributed.launch, passes this option
     # to every process; torchrun sets the LOCAL_RANK variable instead.
-    p.add_argument("--local-rank", "--local_rank", type=index, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--local-rank", "--local_rank", type=non_negative_int, default=None, help=argparse.SUPPRESS)
     return p
 
 
