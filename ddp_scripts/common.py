@@ -225,19 +225,24 @@ def pick_device(requested="auto", local_rank=0):
     return torch.device("cpu")
 
 
-def say_device(device, requested):
+def say_device(device, requested, world_size=1, gpus=0):
     """Say once (rank 0) where the run trains; louder when --device auto found no GPU
     although this PyTorch is built for CUDA (a driver, or CUDA_VISIBLE_DEVICES, hides it)."""
     if os.environ.get("RANK", "0") != "0":
         return
+    where = str(device)
     if device.type == "cuda":
-        say(f"training on {device} ({torch.cuda.get_device_name(device)})")
-    elif device.type == "cpu" and requested == "auto" and torch.version.cuda:
-        say(f"notice: --device auto found no usable GPU, although this PyTorch is built for "
-            f"CUDA {torch.version.cuda} (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides "
-            "them): training on the CPU")
+        where += f" ({torch.cuda.get_device_name(device)})"
+        if world_size == 1 and gpus > 1:  # DataParallel
+            where += f" and {gpus - 1} more GPU(s)"
+    if world_size > 1:
+        where += f", one of {world_size} processes"
+    if device.type == "cpu" and requested == "auto" and torch.version.cuda:
+        say(f"notice: training on {where}: --device auto found no usable GPU, although this "
+            f"PyTorch is built for CUDA {torch.version.cuda} (no GPU, no driver, or "
+            "CUDA_VISIBLE_DEVICES hides them)")
     else:
-        say(f"training on {device}")
+        say(f"training on {where}")
 
 
 def require_gpus_for_data_parallel(device):
@@ -542,9 +547,9 @@ def run_context(args, device, strategy, threads, data_source, world_size=1, gpus
     """What every line of metrics.jsonl records about how the run was made; `levers`: the
     options of chapter 10 (train_fast.py, speed.lever_settings). Rank 0 also says, once, on
     which device the run trains."""
-    say_device(device, args.device)
     if gpus is None:
         gpus = world_size if device.type == "cuda" else 0
+    say_device(device, args.device, world_size, gpus)
     return {"world_size": world_size, "device": str(device),
             "backend": dist.get_backend() if dist.is_initialized() else None,
             "strategy": strategy, "gpus": gpus, "threads": threads,

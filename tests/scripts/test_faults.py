@@ -237,6 +237,8 @@ def test_a_download_lock_that_cannot_be_had_does_not_split_the_ranks(tmp_path, m
         said = [line for line in lines if line.startswith(f"[rank {rank}] no download lock (")]
         assert len(said) == 1 and "Is a directory" in said[0], "\n".join(lines)
     assert any("using the synthetic CIFAR-shaped data set instead" in line for line in lines)
+    assert [line for line in lines if "training on" in line] == \
+        ["[rank 0] training on cpu, one of 2 processes"]  # said once, by rank 0
     assert not any("Traceback" in line for line in lines), "\n".join(lines)
     assert metrics_rows(tmp_path / "run")[0]["dataset"] == "synthetic (fallback)"
 

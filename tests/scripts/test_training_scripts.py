@@ -112,7 +112,8 @@ def test_tf32_is_off_unless_asked_and_recorded(tmp_path):
 
 
 def test_the_run_says_where_it_trains(tmp_path, monkeypatch):
-    """Once, on rank 0; louder when --device auto found no GPU in a PyTorch built for CUDA."""
+    """Once, on rank 0 (test_faults.py's download-lock run has two ranks); louder when
+    --device auto found no GPU in a PyTorch built for CUDA."""
     args = [*SMALL, "--epochs", "1"]
     result = run_in_process("train_single.py", *args, "--device", "cpu", "--out", tmp_path / "cpu")
     assert result.returncode == 0, result.stderr
@@ -123,9 +124,9 @@ def test_the_run_says_where_it_trains(tmp_path, monkeypatch):
     result = run_in_process("train_single.py", *args, "--device", "auto", "--out", tmp_path / "auto")
     assert result.returncode == 0, result.stderr
     said = [line for line in result.stdout.splitlines() if "training on" in line]
-    assert said == ["[rank 0] notice: --device auto found no usable GPU, although this PyTorch "
-                    "is built for CUDA 13.0 (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides "
-                    "them): training on the CPU"], said
+    assert said == ["[rank 0] notice: training on cpu: --device auto found no usable GPU, "
+                    "although this PyTorch is built for CUDA 13.0 (no GPU, no driver, or "
+                    "CUDA_VISIBLE_DEVICES hides them)"], said
 
 
 def test_a_finished_run_exits_as_python_does_unless_told_otherwise(tmp_path, monkeypatch):
