@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 
-from book_files import BUILT_SOURCES, MISSING_SITE, built_run, cell_source, load_notebook
+from book_files import BUILT_SOURCES, MISSING_SITE, built_run, load_notebook
 from ddp_scripts.mistakes.faults import processes_mentioning
 from ddp_scripts.runfiles import CHECKPOINT, SHARDED_CHECKPOINT, SUMMARY, metrics_rows
 from helpers import max_difference, momentum_buffers
@@ -23,14 +23,14 @@ CONTRACT_KEYS = {"epoch", "train_loss", "test_loss", "test_accuracy", "epoch_tim
                  "samples_per_s", "world_size", "device", "backend", "strategy"}
 
 
-def output_of(chapter, code):
-    """The text output of the executed chapter's code cell whose source contains `code`."""
+def output_of(chapter, cell_id):
+    """The text output of the executed chapter's code cell with this id (ids stay when code changes)."""
     path = BUILT_SOURCES / "notebooks" / f"{chapter}.ipynb"
     if not path.exists():
         pytest.fail(MISSING_SITE.format(path), pytrace=False)
     cell = next((cell for cell in load_notebook(path)["cells"]
-                 if cell["cell_type"] == "code" and code in cell_source(cell)), None)
-    assert cell is not None, f"{chapter} has no code cell with {code!r}"
+                 if cell["cell_type"] == "code" and cell.get("id") == cell_id), None)
+    assert cell is not None, f"{chapter} has no code cell with the id {cell_id!r}"
     return "".join("".join(out.get("text", "")) for out in cell.get("outputs", []))
 
 
@@ -84,7 +84,7 @@ def test_ddp_metrics_and_checkpoint_contract():
 
 def test_the_source_articles_launcher_still_works():
     """python -m torch.distributed.launch passes --local-rank; the script takes it, says so."""
-    output = output_of("05_distributed_data_parallel", "torch.distributed.launch")
+    output = output_of("05_distributed_data_parallel", "ch05-49")
     if "no longer has torch.distributed.launch" in output:
         pytest.skip("this torch has no torch.distributed.launch; the chapter says so")
     notices = [line for line in output.splitlines()
@@ -95,8 +95,8 @@ def test_the_source_articles_launcher_still_works():
 
 # Chapter 8: faults --------------------------------------------------------------------------
 def test_a_killed_rank_restarts_and_ends_with_the_uninterrupted_model():
-    output = output_of("08_troubleshooting", "kill_rank_after_epoch(restarted")
-    report = output_of("08_troubleshooting", "print(killer.report())")
+    output = output_of("08_troubleshooting", "ch08-restart")
+    report = output_of("08_troubleshooting", "ch08-killer-report")
     assert "restarts: 1 " in report, report
     assert re.search(r"killed rank 1 \(pid \d+\) with SIGKILL", report), report
     # torchrun's "failed" line names one worker: the killed one (-9) or, as seen in some
@@ -112,7 +112,7 @@ def test_a_killed_rank_restarts_and_ends_with_the_uninterrupted_model():
 
 
 def test_a_rank_that_skips_a_collective_fails_with_the_groups_timeout():
-    output = output_of("08_troubleshooting", "rank_dependent_collective.py")
+    output = output_of("08_troubleshooting", "ch08-mismatch")
     assert output.count("joined the group") == 2, output
     # The rank that gives up last may see its partner's connection close instead of its own
     # timeout, and either may fail first: the group's own 3 s timeout must be in the output.
@@ -121,7 +121,7 @@ def test_a_rank_that_skips_a_collective_fails_with_the_groups_timeout():
 
 
 def test_a_node_that_never_joins_fails_with_the_static_rendezvous_timeout():
-    output = output_of("08_troubleshooting", "ch08-lonely-node")
+    output = output_of("08_troubleshooting", "ch08-lonely-node-run")
     assert "LaunchError" in output and "1/2 clients joined" in output, output
     # No worker was ever started: none wrote to the run's folder.
     assert not (BUILT_SOURCES / "runs" / "ch08-lonely-node" / "metrics.jsonl").exists()
@@ -191,7 +191,7 @@ def test_fsdp_metrics_what_each_rank_holds_and_its_checkpoints():
 
 def test_a_sharded_run_resumed_on_fewer_ranks_equals_an_uninterrupted_one():
     """Saved by 2 ranks after epoch 1, resumed on 1: the 4-rank run's model, to rounding."""
-    output = output_of("11_fsdp", "nproc=4, out=FOUR")
+    output = output_of("11_fsdp", "ch11-06")
     assert "resuming after epoch 1" in output and "saved by 2 rank(s), loaded by 1" in output, output
     rows = metrics_rows(built_run("ch11-two-then-one"), strict=True)
     assert [(r["epoch"], r["world_size"]) for r in rows] == [(1, 2), (2, 1)]
