@@ -28,7 +28,6 @@ import threading
 import time
 from pathlib import Path
 
-from ddp_scripts.run_records import record_for
 from ddp_scripts.runfiles import (ERROR_FILE_NAME, ERROR_FILE_VARIABLE, logged_epochs,
                                   metrics_rows, read_error_files)
 
@@ -139,36 +138,12 @@ def read_metrics(out):
     return pd.DataFrame(metrics_rows(out, strict=True))
 
 
-def run_command(command, timeout=600, progress="auto", out=None, total_epochs=None, env=None,
-                echo=print):
-    """Run `command`, stream its output, end its process tree whatever happens.
-
-    Returns the output lines. Raises LaunchError (non-zero exit: which rank failed, with what
-    exit status and why, from the ranks' error files), LaunchTimeout, or KeyboardInterrupt
-    (after cleaning up) on an interrupt. With `out` and `total_epochs`, an interactive
-    notebook shows a progress bar that follows OUT/metrics.jsonl. With RUN_RECORDS set (the
-    book's build), a run of the same command recorded there is replayed instead
-    (ddp_scripts/run_records.py).
-    """
-    record = record_for(command, env)
-    if record is not None and record.exists():
-        return record.replay(echo)
-    lines = _run(command, timeout, progress, out, total_epochs, env, echo)
-    if record is not None:   # a failed run is not recorded: when and how it fails is the point
-        record.save(lines)
-    return lines
-
-
 def run_main(main, argv, env=None):
     """A companion script's main() in this process, as the command line `argv` would run it
     (a new process per run would spend seconds importing torch): sys.argv is `argv` and
     `env` is added to os.environ for the call; both, and torch's thread count, are restored
-    after. Returns the lines it printed. With RUN_RECORDS set (the book's build), a run of
-    the same command line recorded there is replayed instead (ddp_scripts/run_records.py)."""
+    after. Returns the lines it printed."""
     argv = [str(word) for word in argv]
-    record = record_for(["<this process>", *argv], env)
-    if record is not None and record.exists():
-        return record.replay(echo=lambda line: None)
     import torch
     saved_argv, saved_env, threads = sys.argv, dict(os.environ), torch.get_num_threads()
     # The script's clock, START, was read when it was imported: once in this process, for
@@ -189,14 +164,18 @@ def run_main(main, argv, env=None):
         torch.set_num_threads(threads)
         if saved_clock is not None:
             clock["START"] = saved_clock
-    lines = printed.getvalue().splitlines()
-    if record is not None:
-        record.save(lines)
-    return lines
+    return printed.getvalue().splitlines()
 
 
-def _run(command, timeout, progress, out, total_epochs, env, echo):
-    """run_command's work: the run itself. Returns its output lines."""
+def run_command(command, timeout=600, progress="auto", out=None, total_epochs=None, env=None,
+                echo=print):
+    """Run `command`, stream its output, end its process tree whatever happens.
+
+    Returns the output lines. Raises LaunchError (non-zero exit: which rank failed, with what
+    exit status and why, from the ranks' error files), LaunchTimeout, or KeyboardInterrupt
+    (after cleaning up) on an interrupt. With `out` and `total_epochs`, an interactive
+    notebook shows a progress bar that follows OUT/metrics.jsonl.
+    """
     # Where failures are recorded: torchrun's --log-dir for its workers' error files; the
     # variable, for a single process (or for torchrun's own failure, such as a rendezvous
     # that times out).

@@ -4,15 +4,14 @@ Also tested elsewhere, on real runs: a script's bad input named by rank (test_ba
 the launcher's timeout and a stopped notebook ending a hung run (test_faults.py).
 """
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from ddp_scripts import launcher, run_records
+from ddp_scripts import launcher
 from ddp_scripts.launcher import LaunchError, run_command, run_main, run_script, torchrun_command
-from ddp_scripts.mistakes.faults import RankKiller, processes_mentioning
+from ddp_scripts.mistakes.faults import processes_mentioning
 
 
 def test_output_is_streamed_while_the_run_goes_on(tmp_path):
@@ -75,76 +74,13 @@ def test_interrupt_ends_the_whole_process_tree(tmp_path):
     assert processes_mentioning(marker) == []  # end_process_tree waits for every process
 
 
-# A child that adds one file to the folder it is given, prints how many were there, counts
-# its runs in a file outside the repository, and fails with exit status 3 when asked.
-COUNTING_CHILD = """import pathlib, sys
-folder, runs = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-runs.write_text(str(int(runs.read_text() or 0) + 1) if runs.exists() else "1")
-folder.mkdir(parents=True, exist_ok=True)
-before = len(list(folder.iterdir()))
-(folder / f"file{before}").write_text("made by the run")
-print(f"{before} file(s) in {folder}", flush=True)
-sys.exit(3 if len(sys.argv) > 3 else 0)
-"""
-
-
-@pytest.fixture
-def records(tmp_path, tmp_path_factory, monkeypatch):
-    """RUN_RECORDS set, tmp_path standing for the repository; returns (repository, runs file)."""
-    monkeypatch.setattr(run_records, "ROOT", tmp_path)
-    monkeypatch.setenv("RUN_RECORDS", str(tmp_path_factory.mktemp("records")))
-    return tmp_path, tmp_path_factory.mktemp("counter") / "runs"
-
-
-def test_a_recorded_run_is_replayed_with_its_files_and_not_run_twice(records, capsys):
-    repository, runs = records
-    out = repository / "runs" / "a"
-    command = [sys.executable, "-c", COUNTING_CHILD, str(out), str(runs)]
-    assert run_command(command, timeout=120, echo=lambda line: None) == [f"0 file(s) in {out}"]
-    shutil.rmtree(out)
-    capsys.readouterr()
-    replayed = []
-    assert run_command(command, timeout=120, echo=replayed.append) == [f"0 file(s) in {out}"]
-    assert replayed == [f"0 file(s) in {out}"] and runs.read_text() == "1"
-    assert "ran earlier in this build" in capsys.readouterr().out   # said, on the page
-    assert [p.name for p in out.iterdir()] == ["file0"]             # the run's files put back
-    # Its folder now holds a file: an input has changed, so the command runs again.
-    assert run_command(command, timeout=120, echo=lambda line: None) == [f"1 file(s) in {out}"]
-    assert runs.read_text() == "2"
-
-
-def test_a_failed_run_is_not_recorded_and_runs_again(records):
-    repository, runs = records
-    command = [sys.executable, "-c", COUNTING_CHILD, str(repository / "b"), str(runs), "fail"]
-    for attempt in range(2):
-        shutil.rmtree(repository / "b", ignore_errors=True)   # the same inputs each time
-        with pytest.raises(LaunchError) as caught:
-            run_command(command, timeout=120, echo=lambda line: None)
-        assert caught.value.exit_code == 3
-    assert runs.read_text() == "2"
-
-
-def test_a_main_run_in_this_process_is_restored_after_and_replayed_too(records, capsys,
-                                                                      monkeypatch):
-    repository, _ = records
-    out, calls = repository / "runs" / "in-process", []
-
-    def main():   # what a companion script's main() does: reads argv and env, writes, prints
-        calls.append(sys.argv[1:])
-        out.mkdir(parents=True)
-        (out / "made").write_text(os.environ["WHO"])
-        print(f"[rank 0] ran with {sys.argv[1:]}")
-    argv, said = ["script.py", "--out", out], [f"[rank 0] ran with ['--out', '{out}']"]
-    assert run_main(main, argv, env={"WHO": "me"}) == said
-    assert "WHO" not in os.environ and sys.argv[0] != "script.py"   # both put back
-    shutil.rmtree(out)
-    capsys.readouterr()
-    assert run_main(main, argv, env={"WHO": "me"}) == said and len(calls) == 1
-    assert (out / "made").read_text() == "me"                        # its files put back
-    assert "ran earlier in this build" in capsys.readouterr().out
-    monkeypatch.delenv("RUN_RECORDS")
-    shutil.rmtree(out)
-    assert run_main(main, argv, env={"WHO": "me"}) == said and len(calls) == 2
+def test_a_main_run_in_this_process_gets_its_argv_and_env_and_they_are_restored_after():
+    def main():   # what a companion script's main() does: reads argv and env, prints
+        print(f"[rank 0] ran with {sys.argv[1:]} as {os.environ['WHO']}")
+    saved_argv = list(sys.argv)
+    assert run_main(main, ["script.py", "--out", 3], env={"WHO": "me"}) == [
+        "[rank 0] ran with ['--out', '3'] as me"]
+    assert "WHO" not in os.environ and sys.argv == saved_argv   # both put back
 
 
 def test_each_main_run_in_this_process_starts_the_scripts_clock_again():
@@ -160,35 +96,6 @@ def test_each_main_run_in_this_process_starts_the_scripts_clock_again():
     assert before <= first <= second and script["START"] == -1.0
 
 
-def test_a_run_that_a_fault_injector_watches_always_runs(records, monkeypatch):
-    repository, runs = records
-    out = repository / "runs" / "watched"
-    monkeypatch.setattr(run_records, "WATCHED", {out.resolve()})
-    command = [sys.executable, "-c", COUNTING_CHILD, str(out), str(runs)]
-    for attempt in range(2):
-        shutil.rmtree(out, ignore_errors=True)   # the same inputs each time
-        run_command(command, timeout=120, echo=lambda line: None)
-    assert runs.read_text() == "2"
-
-
-def test_a_fault_injector_marks_its_run_watched_until_it_ends(tmp_path):
-    out, seen = (tmp_path / "run").resolve(), []
-    killer = RankKiller(tmp_path / "run", give_up_s=0)
-    killer._watch = lambda: seen.append(out in run_records.WATCHED)   # what it sees while it waits
-    killer.start()
-    killer.join(timeout=60)
-    assert seen == [True] and out not in run_records.WATCHED
-
-
-def test_without_run_records_every_command_runs(tmp_path, monkeypatch):
-    monkeypatch.delenv("RUN_RECORDS", raising=False)
-    runs = tmp_path / "runs"
-    command = [sys.executable, "-c", COUNTING_CHILD, str(tmp_path / "c"), str(runs)]
-    for attempt in range(2):
-        run_command(command, timeout=120, echo=lambda line: None)
-    assert runs.read_text() == "2"
-
-
 def test_show_command_echoes_the_command_that_runs(tmp_path, monkeypatch):
     """The line shown is the one run: a shell given it starts the same script with the same
     arguments and the launcher's variables, and prints what the launched run printed."""
@@ -197,7 +104,6 @@ def test_show_command_echoes_the_command_that_runs(tmp_path, monkeypatch):
                       " os.environ['WHO'], flush=True)\n")
     shown = []
     monkeypatch.setattr(launcher, "SCRIPTS", tmp_path)
-    monkeypatch.delenv("RUN_RECORDS", raising=False)   # run, not replayed
     assert run_script("says.py", env={"WHO": "me too"}, progress=False, echo=shown.append,
                       show_command=True, note="two words", flag=True) is None
     line, printed = shown
