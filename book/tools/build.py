@@ -1,8 +1,12 @@
-"""Build the book: stage each edition's copy, execute every notebook once with nbmake, render.
+"""Build the book: stage each edition's copy, execute the English notebooks with nbmake, render.
 
     python -m book.tools build [--render-only] [--edition en|zh]
+
+The Chinese notebooks are not executed: their code cells are the English ones, character for
+character, with the same ids, so each takes the outputs of the English cell it translates.
 """
 import argparse
+import copy
 import os
 import re
 import shutil
@@ -35,16 +39,20 @@ NOTEBOOK_TIMEOUT_S = 1800
 # sharing every core (chapter 8's thread counts need more than one), their pages saying so.
 ALONE = {"02_tensors_and_models", "07_experiment", "10_keeping_the_gpu_busy"}
 SIDE_BY_SIDE = 2
-RECORDS = BUILD / "run-records"   # each companion-script run, replayed for the second edition
 LAUNCH = re.compile(r"\b(run_script|run_command|Popen)\(")
 
+# timings: the nbmake timings its execution-times page shows (the English ones, for both).
 Edition = namedtuple("Edition", "name src html timings notebooks pages")   # the last two committed
 EDITIONS = {
     "en": Edition("en", BUILD / "src", HTML, BUILD / "notebook-timings.xml",
                   ROOT / "notebooks", ROOT / "book"),
-    "zh": Edition("zh", BUILD / "src-zh", HTML / ZH, BUILD / "notebook-timings-zh.xml",
+    "zh": Edition("zh", BUILD / "src-zh", HTML / ZH, BUILD / "notebook-timings.xml",
                   ROOT / "notebooks" / ZH, ROOT / "book" / ZH),
 }
+EXECUTED = EDITIONS["en"]   # the one edition executed; the other shows its outputs
+# Notebook metadata that goes with the outputs: the widgets' state (their views are outputs),
+# the language the outputs' code is highlighted as (as jupyter-cache merges them).
+OUTPUT_METADATA = ("language_info", "widgets")
 
 
 def notebooks_in(folder):
@@ -144,42 +152,37 @@ def jupyterhub_url():
     return hub.rstrip("/")
 
 
-def execute(editions):
-    """Every notebook of every edition once, outputs written into its copy and the timings into
-    edition.timings: first the lanes, then ALONE's one at a time. The editions that failed."""
+def execute(edition):
+    """Every notebook of edition once, outputs written into its copy and the timings into
+    edition.timings: first the lanes, then ALONE's one at a time. Whether every one passed."""
     MACHINE.write_text(describe_hardware()["label"] + "\n")
-    shutil.rmtree(RECORDS, ignore_errors=True)
-    beside, alone = [], []   # (edition, notebooks, JUnit file)
-    for order, edition in enumerate(editions):
-        parts = edition.timings.with_suffix("")
-        shutil.rmtree(parts, ignore_errors=True)
-        parts.mkdir(parents=True)
-        beside += [(edition, [path], parts / f"beside-{path.stem}.xml")
-                   for path in beside_order(edition.src / "notebooks", first=order == 0)]
-        chapters = [path for path in sorted((edition.src / "notebooks").glob("*.ipynb"))
-                    if path.stem in ALONE]
-        if chapters:
-            alone.append((edition, chapters, parts / "alone.xml"))
+    parts = edition.timings.with_suffix("")
+    shutil.rmtree(parts, ignore_errors=True)
+    parts.mkdir(parents=True)
+    runs = [([path], parts / f"beside-{path.stem}.xml")
+            for path in beside_order(edition.src / "notebooks")]
     # SIDE_BY_SIDE lanes, fewer on fewer cores (pinning a lane to a core made no build quicker);
     # they take the runs in order.
     with ThreadPoolExecutor(min(SIDE_BY_SIDE, usable_cores())) as lanes:
-        statuses = list(lanes.map(lambda run: nbmake(*run), beside))
-    statuses += [nbmake(*run) for run in alone]
-    for edition in editions:   # one JUnit file each, every chapter marked alone or beside
-        suite = ET.Element("testsuite", name="notebooks")
-        for junit in sorted(edition.timings.with_suffix("").glob("*.xml")):
-            for case in ET.parse(junit).getroot().iter("testcase"):
-                case.set("executed", junit.stem.split("-")[0])
-                suite.append(case)
-        ET.ElementTree(suite).write(edition.timings, encoding="unicode")
-    return {run[0].name for run, status in zip(beside + alone, statuses) if status != 0}
+        statuses = list(lanes.map(lambda run: nbmake(edition, *run), runs))
+    alone = [path for path in sorted((edition.src / "notebooks").glob("*.ipynb"))
+             if path.stem in ALONE]
+    if alone:
+        statuses.append(nbmake(edition, alone, parts / "alone.xml"))
+    suite = ET.Element("testsuite", name="notebooks")   # one JUnit file, each chapter marked
+    for junit in sorted(parts.glob("*.xml")):            # alone or beside
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            case.set("executed", junit.stem.split("-")[0])
+            suite.append(case)
+    ET.ElementTree(suite).write(edition.timings, encoding="unicode")
+    return not any(statuses)
 
 
-def beside_order(folder, first=True):
-    """folder's chapters that run beside another, as the lanes take them: the first edition's
-    longest first, so the lanes end together; the second's reversed, to replay its runs."""
+def beside_order(folder):
+    """folder's chapters that run beside another, as the lanes take them: the longest first,
+    so the lanes end together."""
     return sorted((path for path in folder.glob("*.ipynb") if path.stem not in ALONE),
-                  key=lambda path: (launches(path), path.name), reverse=first)
+                  key=lambda path: (launches(path), path.name), reverse=True)
 
 
 def launches(notebook):
@@ -191,8 +194,7 @@ def launches(notebook):
 def nbmake(edition, notebooks, junit):
     command = nbmake_command(edition.src, notebooks, junit)
     print(f"[{edition.name}] + " + " ".join(command), flush=True)
-    return subprocess.run(command, cwd=edition.src,
-                          env={**os.environ, "RUN_RECORDS": str(RECORDS)}).returncode
+    return subprocess.run(command, cwd=edition.src).returncode
 
 
 def nbmake_command(src, targets, timings, cell_timeout_s=CELL_TIMEOUT_S,
@@ -203,6 +205,59 @@ def nbmake_command(src, targets, timings, cell_timeout_s=CELL_TIMEOUT_S,
             "-p", "no:cacheprovider", f"--junitxml={timings}", "-o", "junit_family=xunit1",
             "-o", "addopts=",  # the repository's test options are not for this run
             "--rootdir", str(src), *map(str, targets)]
+
+
+def twins(english, translated, name):
+    """[(English cell, translated cell)] for each code cell of the translated notebook, matched
+    by id; a cell with no English twin, or with other code than its twin's, is a ToolError
+    naming it (`python -m book.tools translations sync` copies the code)."""
+    cells = {cell.get("id"): cell for cell in english["cells"] if cell["cell_type"] == "code"}
+    pairs = []
+    for cell in translated["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        twin = cells.pop(cell.get("id"), None)
+        if twin is None or twin["source"] != cell["source"]:
+            why = "no English code cell has its id" if twin is None else "its code is not the English cell's"
+            raise ToolError(f"{name} cell {cell.get('id')}: {why}; run `python -m book.tools "
+                            "translations sync`")
+        pairs.append((twin, cell))
+    if cells:
+        raise ToolError(f"{name} cell {next(iter(cells))}: an English code cell missing from the "
+                        "translation; run `python -m book.tools translations sync`")
+    return pairs
+
+
+def shown(path):
+    """A path as an error names it: from the repository's root when it is in there."""
+    path = Path(path)
+    return path.relative_to(ROOT) if ROOT in path.parents else path
+
+
+def same_code(english, translation):
+    """A ToolError unless every committed notebook of the translation has its English
+    notebook's code cells (english and translation: Editions)."""
+    for path in sorted(translation.notebooks.glob("*.ipynb")):
+        if not (english.notebooks / path.name).exists():
+            raise ToolError(f"{shown(path)}: no English notebook {path.name}")
+        twins(read_notebook(english.notebooks / path.name), read_notebook(path), shown(path))
+
+
+def copy_outputs(english, translation):
+    """Each code cell of the translation's staged notebooks given the outputs (and count) of
+    the cell of the same id in the English edition's executed notebook of the same name, as
+    they are (text, images, widgets' views); the boxes of recorded GPU output are left for
+    gpu_recordings.prepare to add in the page's language."""
+    for path, notebook in notebooks_in(translation.src / "notebooks"):
+        executed = read_notebook(english.src / "notebooks" / path.name)
+        for twin, cell in twins(executed, notebook, shown(translation.notebooks / path.name)):
+            cell["outputs"] = [copy.deepcopy(output) for output in twin.get("outputs", [])
+                               if gpu_recordings.MARKER not in output.get("metadata", {})]
+            cell["execution_count"] = twin.get("execution_count")
+        for key in OUTPUT_METADATA:
+            notebook["metadata"].pop(key, None)
+            if key in executed["metadata"]:
+                notebook["metadata"][key] = copy.deepcopy(executed["metadata"][key])
 
 
 def write_execution_times(edition):
@@ -282,23 +337,32 @@ def main(argv=None):
     parser.add_argument("--render-only", action="store_true",
                         help="render the notebooks executed last time with the current pages and config")
     parser.add_argument("--edition", choices=sorted(EDITIONS), action="append",
-                        help="build this edition only (repeatable; default: both)")
+                        help="build this edition only (repeatable; default: both; the Chinese "
+                             "one shows the English one's execution)")
     args = parser.parse_args(argv)
     editions = [EDITIONS[name] for name in args.edition or EDITIONS]
     jupyterhub_url()   # a bad address stops the build before anything is done
+    translated = [edition for edition in editions if edition is not EXECUTED]
+    for edition in translated:   # before the execution: a mismatch would waste it
+        same_code(EXECUTED, edition)
+    if args.render_only and not (EXECUTED.timings.exists() and (EXECUTED.src / "notebooks").exists()):
+        raise ToolError("nothing executed yet: build it first")
+    for edition in editions:   # a translation's notebooks are made again from the execution
+        stage(edition, notebooks=not args.render_only or edition in translated)
+    if not args.render_only:
+        if EXECUTED not in editions:
+            stage(EXECUTED, site=False)
+        if not execute(EXECUTED):
+            print("error: a notebook failed to execute (see above); the book was not built",
+                  file=sys.stderr)
+            return 1
+    for edition in translated:
+        copy_outputs(EXECUTED, edition)
     for edition in editions:
-        if args.render_only and not (edition.timings.exists() and (edition.src / "notebooks").exists()):
-            raise ToolError(f"nothing executed yet for the {edition.name} edition: build it first")
-        stage(edition, notebooks=not args.render_only)
-    failed = set() if args.render_only else execute(editions)
-    for edition in editions:
-        if edition.name in failed:
-            print(f"error: a notebook of the {edition.name} edition failed to execute (see "
-                  f"above); that edition was not built", file=sys.stderr)
-            continue
         write_execution_times(edition)
+        # The outputs name the executed copy's paths, which the page leaves out.
         gpu_recordings.prepare(sorted((edition.src / "notebooks").glob("*.ipynb")),
-                             build_copy=edition.src, committed_dir=edition.notebooks,
-                             language=edition.name)
-    rendered = render([edition for edition in editions if edition.name not in failed])
-    return max([1 if failed else 0, *rendered.values()])
+                               build_copy=EXECUTED.src, committed_dir=edition.notebooks,
+                               recordings_root=edition.src / "results" / "gpu-runs",
+                               language=edition.name)
+    return max(render(editions).values())

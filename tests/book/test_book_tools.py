@@ -12,7 +12,7 @@ import pytest
 
 from book_files import ROOT, chapters, first_code_cell
 
-from book.tools import ToolError, build, offline_assets, sync_setup_cell
+from book.tools import ToolError, build, gpu_recordings, offline_assets, sync_setup_cell
 from book.tools.notebooks import read_notebook, write_notebook
 
 CHAPTERS = chapters()
@@ -193,13 +193,11 @@ def test_the_chapters_that_run_alone_are_chapters_and_the_others_run_beside_one(
     assert names - build.ALONE   # and some run two at a time
 
 
-def test_the_lanes_take_the_longest_chapters_first_and_the_second_edition_in_reverse():
+def test_the_lanes_take_the_longest_chapters_first():
     beside = build.beside_order(ROOT / "notebooks")
     assert {path.stem for path in beside} == {path.stem for path, _ in CHAPTERS} - build.ALONE
     starts = [build.launches(path) for path in beside]
     assert starts == sorted(starts, reverse=True) and starts[0] > starts[-1]
-    second = build.beside_order(ROOT / "notebooks" / "zh", first=False)
-    assert [path.name for path in second] == [path.name for path in reversed(beside)]
 
 
 def test_two_chapters_execute_side_by_side_where_there_are_two_cores(monkeypatch, tmp_path):
@@ -213,10 +211,9 @@ def test_two_chapters_execute_side_by_side_where_there_are_two_cores(monkeypatch
     monkeypatch.setattr(build, "nbmake", lambda *run: 0)
     monkeypatch.setattr(build, "describe_hardware", lambda: {"label": "a test machine"})
     monkeypatch.setattr(build, "MACHINE", tmp_path / "machine.txt")
-    monkeypatch.setattr(build, "RECORDS", tmp_path / "records")
     for cores in (3, 1):   # one core: one chapter at a time
         monkeypatch.setattr(build, "usable_cores", lambda cores=cores: cores)
-        assert build.execute([fake_edition(tmp_path / str(cores), "en", ["01_a", "04_b"])]) == set()
+        assert build.execute(fake_edition(tmp_path / str(cores), "en", ["01_a", "04_b"]))
     assert sizes == [build.SIDE_BY_SIDE, 1] and build.SIDE_BY_SIDE == 2
 
 
@@ -231,35 +228,99 @@ def fake_edition(tmp_path, name, chapters):
     return build.Edition(name, tmp_path / name, None, tmp_path / f"timings-{name}.xml", None, None)
 
 
-def test_every_notebook_executes_once_with_the_run_records_alone_ones_last(tmp_path, monkeypatch):
-    """nbmake is replaced by a stub writing JUnit files: what each edition ran, in what order,
-    and its timings file, each chapter marked alone or beside another."""
+def test_every_notebook_executes_once_the_alone_ones_last(tmp_path, monkeypatch):
+    """nbmake is replaced by a stub writing JUnit files: what ran, in what order, and the
+    timings file, each chapter marked alone or beside another."""
     ran = []
 
-    def nbmake(command, cwd, env):
-        ran.append((Path(cwd).name, [Path(arg).stem for arg in command if arg.endswith(".ipynb")]))
-        assert env["RUN_RECORDS"] == str(build.RECORDS)
+    def nbmake(command, cwd):
+        ran.append([Path(arg).stem for arg in command if arg.endswith(".ipynb")])
         junit = next(arg.split("=", 1)[1] for arg in command if arg.startswith("--junitxml="))
         Path(junit).write_text("<testsuites><testsuite>" + "".join(
-            f'<testcase file="notebooks/{name}.ipynb" time="2"/>' for name in ran[-1][1])
+            f'<testcase file="notebooks/{name}.ipynb" time="2"/>' for name in ran[-1])
             + "</testsuite></testsuites>")
-        return subprocess.CompletedProcess(command, 1 if ran[-1][1] == ["04_b"] else 0)
+        return subprocess.CompletedProcess(command, 1 if ran[-1] == ["04_b"] else 0)
     monkeypatch.setattr(build.subprocess, "run", nbmake)
     monkeypatch.setattr(build, "describe_hardware", lambda: {"label": "a test machine"})
     monkeypatch.setattr(build, "MACHINE", tmp_path / "machine.txt")
-    monkeypatch.setattr(build, "RECORDS", tmp_path / "records")
     monkeypatch.setattr(build, "usable_cores", lambda: 1)   # the order, one lane
-    monkeypatch.setenv("RUN_RECORDS", "/somewhere/else")   # never the caller's records
-    chapters = ["01_a", "02_tensors_and_models", "04_b", "07_experiment"]
-    editions = [fake_edition(tmp_path, name, chapters) for name in ("en", "zh")]
-    assert build.execute(editions) == {"en", "zh"}   # 04_b failed in both
-    assert ran == [("en", ["04_b"]), ("en", ["01_a"]), ("zh", ["01_a"]), ("zh", ["04_b"]),
-                   ("en", ["02_tensors_and_models", "07_experiment"]),
-                   ("zh", ["02_tensors_and_models", "07_experiment"])]
-    cases = build.ET.parse(editions[1].timings).getroot().iter("testcase")
+    edition = fake_edition(tmp_path, "en", ["01_a", "02_tensors_and_models", "04_b", "07_experiment"])
+    assert not build.execute(edition)   # 04_b failed
+    assert ran == [["04_b"], ["01_a"], ["02_tensors_and_models", "07_experiment"]]
+    cases = build.ET.parse(edition.timings).getroot().iter("testcase")
     assert sorted((Path(case.get("file")).stem, case.get("executed")) for case in cases) == [
         ("01_a", "beside"), ("02_tensors_and_models", "alone"), ("04_b", "beside"),
         ("07_experiment", "alone")]
+
+
+def executed_pair(tmp_path):
+    """An English edition's executed copy and a Chinese one's staged copy of one chapter."""
+    english, chinese = (fake_edition(tmp_path, name, []) for name in ("en", "zh"))
+    code = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "source": f"print({i})",
+             "execution_count": None, "outputs": []} for i in range(3)]
+    executed = {"metadata": {"widgets": {"state": "of the English run"}}, "nbformat": 4,
+                "nbformat_minor": 5,
+                "cells": [{"cell_type": "markdown", "id": "t", "metadata": {}, "source": "# One"},
+                          *build.copy.deepcopy(code)]}
+    outputs = [[{"output_type": "stream", "name": "stdout", "text": "0\n"}],
+               [{"output_type": "display_data", "metadata": {},
+                 "data": {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}},
+                {"output_type": "display_data", "metadata": {gpu_recordings.MARKER: "label"},
+                 "data": {"text/plain": "Recorded on a GPU machine"}}],
+               []]
+    for cell, shown, count in zip(executed["cells"][1:], outputs, (1, 2, None)):
+        cell["outputs"], cell["execution_count"] = shown, count
+    write_notebook(english.src / "notebooks" / "01_a.ipynb", executed)
+    translated = {"metadata": {}, "nbformat": 4, "nbformat_minor": 5,   # its own order of prose
+                  "cells": [code[0], {"cell_type": "markdown", "id": "t", "metadata": {},
+                                      "source": "# 一"}, *code[1:]]}
+    write_notebook(chinese.src / "notebooks" / "01_a.ipynb", translated)
+    return english, chinese._replace(notebooks=tmp_path / "notebooks-zh")
+
+
+def test_a_chinese_chapter_shows_the_english_chapters_outputs_cell_by_cell(tmp_path):
+    english, chinese = executed_pair(tmp_path)
+    build.copy_outputs(english, chinese)
+    executed = read_notebook(english.src / "notebooks" / "01_a.ipynb")
+    shown = read_notebook(chinese.src / "notebooks" / "01_a.ipynb")
+    assert [cell["source"] for cell in shown["cells"]] == ["print(0)", "# 一", "print(1)", "print(2)"]
+    by_id = {cell["id"]: cell for cell in shown["cells"]}
+    assert by_id["c0"]["outputs"] == executed["cells"][1]["outputs"] and by_id["c0"]["execution_count"] == 1
+    # A figure as it was; the recorded GPU box left for the page's language to add.
+    assert by_id["c1"]["outputs"] == executed["cells"][2]["outputs"][:1]
+    assert by_id["c2"]["outputs"] == [] and by_id["c2"]["execution_count"] is None
+    assert shown["metadata"]["widgets"] == {"state": "of the English run"}
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda cells: cells[2].update(source="print('other')"), "cell c1: its code is not the English"),
+    (lambda cells: cells[2].update(id="c9"), "cell c9: no English code cell has its id"),
+    (lambda cells: cells.pop(3), "cell c2: an English code cell missing")])
+def test_a_chinese_code_cell_unlike_its_english_twin_is_an_error_naming_it(tmp_path, change, said):
+    english, chinese = executed_pair(tmp_path)
+    path = chinese.src / "notebooks" / "01_a.ipynb"
+    notebook = read_notebook(path)
+    change(notebook["cells"])
+    write_notebook(path, notebook)
+    with pytest.raises(ToolError, match=re.escape(f"notebooks-zh/01_a.ipynb {said}")):
+        build.copy_outputs(english, chinese)
+
+
+def test_the_committed_editions_have_the_same_code_and_a_build_checks_it_first(tmp_path, monkeypatch):
+    build.same_code(build.EDITIONS["en"], build.EDITIONS["zh"])
+    english, chinese = executed_pair(tmp_path)
+    english = english._replace(notebooks=english.src / "notebooks")
+    (chinese.notebooks).mkdir()
+    write_notebook(chinese.notebooks / "01_a.ipynb", read_notebook(chinese.src / "notebooks" / "01_a.ipynb"))
+    build.same_code(english, chinese)
+    monkeypatch.setattr(build, "EDITIONS", {"en": english, "zh": chinese})
+    monkeypatch.setattr(build, "EXECUTED", english)
+    monkeypatch.setattr(build, "stage", lambda *a, **k: pytest.fail("staged before the check"))
+    notebook = read_notebook(chinese.notebooks / "01_a.ipynb")
+    notebook["cells"][0]["source"] = "print('其他')"
+    write_notebook(chinese.notebooks / "01_a.ipynb", notebook)
+    with pytest.raises(ToolError, match="01_a.ipynb cell c0: its code is not the English"):
+        build.main([])
 
 
 def test_the_execution_times_page_and_the_note_of_a_chapter_executed_beside_another(tmp_path, monkeypatch):

@@ -1,20 +1,19 @@
 """The built site's two editions: English at the root, Chinese (中文版) under zh/.
 
-Every page links to the same page in the other edition; the Chinese pages were executed,
-search Chinese words, and launch the Chinese notebooks.
+Every page links to the same page in the other edition; the Chinese pages show the English
+chapters' execution, search Chinese words, and launch the Chinese notebooks.
 """
 import json
 import re
-import xml.etree.ElementTree as ET
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from book_files import BUILD, HTML, ROOT, Page, chapters, site_config, toc_entries
 
+from book.tools import gpu_recordings
+
 ZH = HTML / "zh"
-ZH_TIMINGS = BUILD / "notebook-timings-zh.xml"
 CHAPTERS = chapters()
 
 
@@ -68,19 +67,40 @@ def test_each_edition_says_its_language(editions):
             assert f'<html lang="{language}"' in head, f"{path}: {head[:120]}"
 
 
-def test_the_chinese_chapters_were_executed_each_one_in_ci():
-    """The Chinese notebooks are committed, so the build executed them, each one, like the
-    English ones (book/tools/build.py); the Chinese pages show what they printed."""
-    assert ZH_TIMINGS.exists(), "no nbmake timings for the Chinese edition: run `make book`"
-    cases = {Path(c.get("file") or c.get("name")).stem:
-             c.find("failure") is None and c.find("error") is None
-             for c in ET.parse(ZH_TIMINGS).getroot().iter("testcase")}
-    assert cases == {path.stem: True for path, _ in CHAPTERS}, cases
+def outputs_by_id(notebook):
+    """{code cell id: its outputs} of a notebook as the site offers it for download, without
+    the boxes of recorded GPU output (each edition's in its language)."""
+    return {cell["id"]: [output for output in cell["outputs"]
+                         if gpu_recordings.MARKER not in output.get("metadata", {})]
+            for cell in notebook["cells"] if cell["cell_type"] == "code"}
+
+
+def test_the_chinese_chapters_show_the_english_chapters_execution():
+    """The build executes the English notebooks only, and gives each Chinese code cell the
+    outputs of the English cell with its id (book/tools/build.py): the Chinese notebooks
+    offered for download are the Chinese ones, with the English outputs."""
+    assert not (BUILD / "src-zh" / "runs").exists(), "a Chinese chapter was executed"
     for path, _ in CHAPTERS:
-        executed = json.loads((ZH / "_sources" / "notebooks" / path.name).read_text())
-        assert any(cell.get("outputs") for cell in executed["cells"]), path.name
-        title = "".join(executed["cells"][0]["source"])
+        english, chinese = (json.loads((root / "_sources" / "notebooks" / path.name).read_text())
+                            for root in (HTML, ZH))
+        title = "".join(chinese["cells"][0]["source"])
         assert re.search(r"[\u4e00-\u9fff]", title), f"{path.name}: not the Chinese notebook"
+        shown = outputs_by_id(chinese)
+        assert any(shown.values()), f"{path.name}: no outputs"
+        assert shown == outputs_by_id(english), f"{path.name}: not the English outputs"
+        assert chinese["metadata"].get("widgets") == english["metadata"].get("widgets")
+
+
+def execution_rows(root):
+    """[(notebook, seconds)] of an edition's execution-times page."""
+    page = (root / "book" / "execution-times.html").read_text(encoding="utf-8")
+    return re.findall(r'<span class="pre">(\w+\.ipynb)</span></code></p></td>\s*<td[^>]*><p>([\d.]+)</p>',
+                      page)
+
+
+def test_the_chinese_execution_times_are_the_english_ones():
+    english = execution_rows(HTML)
+    assert len(english) == len(CHAPTERS) and execution_rows(ZH) == english
 
 
 def test_the_chinese_launch_buttons_open_the_chinese_notebooks(editions):
