@@ -20,7 +20,6 @@ process, and what each rank holds. A run saved by N ranks resumes on M, and
 
 Everything that takes an FSDP model or its optimizer is a collective: every rank calls it.
 """
-import argparse
 import json
 import math
 import os
@@ -52,13 +51,13 @@ CHECKPOINT_INFO = "checkpoint.json"  # inside OUT/checkpoint.dcp, next to DCP's 
 # ---------------------------------------------------------------------------------------
 def fsdp_parser(description):
     """common's options (build_parser), with --model and --resume replaced, and FSDP's own."""
-    p = argparse.ArgumentParser(description=description, conflict_handler="resolve",
-                                parents=[build_parser(description)])
+    p = common.ArgumentParser(description=description, conflict_handler="resolve",
+                              parents=[build_parser(description)])
     p.add_argument("--model", choices=MODELS, default="cnn", help="mlp: a wide MLP worth sharding")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.dcp, on any number of ranks")
-    p.add_argument("--width", type=int, default=256, help="mlp: width of each block")
-    p.add_argument("--depth", type=int, default=4, help="mlp: number of blocks")
-    p.add_argument("--global-batch-size", type=int, default=None,
+    p.add_argument("--width", type=common.count, default=256, help="mlp: width of each block")
+    p.add_argument("--depth", type=common.count, default=4, help="mlp: number of blocks")
+    p.add_argument("--global-batch-size", type=common.count, default=None,
                    help="split over the ranks (default: --batch-size each)")
     p.add_argument("--no-reshard-after-forward", action="store_true",
                    help="keep each block's gathered weights until backward")

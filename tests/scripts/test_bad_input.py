@@ -139,10 +139,18 @@ def test_numbers_that_cannot_work(tmp_path, option, value, fragment):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("script", ["train_ddp.py", "train_fast.py"])
-def test_the_ddp_scripts_check_their_numbers_too(tmp_path, script):
-    result = run_in_process(script, *SMALL, "--lr", "nan", "--out", tmp_path / "run")
-    assert_one_line_error(result, "--lr must be a finite number above 0, got nan")
+@pytest.mark.parametrize("script, option, value, fragment", [
+    ("train_ddp.py", "--lr", "nan", "--lr must be a finite number above 0, got nan"),
+    ("train_fast.py", "--lr", "nan", "--lr must be a finite number above 0, got nan"),
+    ("train_fsdp.py", "--lr", "nan", "--lr must be a finite number above 0, got nan"),
+    ("train_fsdp.py", "--width", "0", "--width must be at least 1, got 0"),
+    ("train_fsdp.py", "--depth", "2.5", "--depth must be a whole number, got '2.5'"),
+    ("train_fsdp.py", "--global-batch-size", "-8", "--global-batch-size must be at least 1, got -8"),
+])
+def test_the_other_scripts_check_their_numbers_too(tmp_path, script, option, value, fragment):
+    result = run_in_process(script, *SMALL, option, value, "--out", tmp_path / "run")
+    assert_one_line_error(result, fragment)
+    assert "usage:" not in result.stdout + result.stderr
 
 
 def test_large_finite_numbers_are_accepted():
