@@ -52,7 +52,7 @@ oldest-torch:
 	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip install -q -r requirements-dev.txt "torch==$(TORCH_FLOOR).*" "torchvision==$(VISION_FLOOR).*"
 	$(OLDEST)/bin/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
-	$(OLDEST)/bin/python -m pytest --nbmake -n 2 -p no:cacheprovider -o addopts= --nbmake-timeout=900 notebooks/*.ipynb
+	$(OLDEST)/bin/python -m pytest --nbmake -n 2 -p no:cacheprovider -o addopts= -o timeout=1800 --nbmake-timeout=900 notebooks/*.ipynb
 
 # apt-get needs root: as root it runs directly, otherwise through sudo (a CI runner, say).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
