@@ -46,10 +46,12 @@ from pathlib import Path
 if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from ddp_scripts.common import (UsageError, check_at_least_one, cifar10_tensors, first_line,
-                                run_cli, write_atomically)
+from ddp_scripts.checkpoints import write_atomically
+from ddp_scripts.cli import UsageError, first_line, run_cli
+from ddp_scripts.data import cifar10_tensors
 from ddp_scripts.hardware import describe_hardware
 from ddp_scripts.launcher import LaunchError, as_cli, read_metrics, run_command, torchrun_command
+from ddp_scripts.options import check_at_least_one
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -201,7 +203,7 @@ def best_cpu_setting(settings, cores, echo=print, steps_per_probe=None):
     """
     import torch
     import torch.nn.functional as F
-    from ddp_scripts.common import build_model
+    from ddp_scripts.models import build_model
     threads_before = torch.get_num_threads()
     batches = sorted({min(b, 512, settings["train_samples"] or 50_000)
                       for b in (settings["batch_size"], 4 * settings["batch_size"],

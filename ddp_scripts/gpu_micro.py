@@ -7,7 +7,7 @@ Run by `make gpu-check` (book/tools/gpu_check.py), which records it with the not
 a CUDA GPU and says so in one line elsewhere. Every row trains for real: SGD with momentum on
 50,000 synthetic CIFAR-shaped images (--train-samples), one timed pass after a warm-up.
 
-Every row's float32 arithmetic runs as the scripts run it (`common.set_precision(False)`: no
+Every row's float32 arithmetic runs as the scripts run it (`devices.set_precision(False)`: no
 TF32), set again before each row, so that no row inherits another's settings. A CUDA-graph row replays the
 same eager kernels as the data-on-GPU row of the same precision and layout, without their launch
 cost: it is the speed of those kernels with no launch overhead, not a limit of the GPU (fused,
@@ -46,13 +46,15 @@ def load_average():
         return None
 
 
-def measure(model_name, batch, max_steps, fast, graph, images, labels, torch, common):
+def measure(model_name, batch, max_steps, fast, graph, images, labels, torch):
     """samples/s of one pass of training steps on data kept on the GPU."""
     import torch.nn.functional as F
-    common.set_precision(False)  # float32 as the scripts run it, whatever ran before
+    from ddp_scripts.devices import set_precision
+    from ddp_scripts.models import build_model
+    set_precision(False)  # float32 as the scripts run it, whatever ran before
     device = torch.device("cuda")
     layout = torch.channels_last if fast else torch.contiguous_format
-    model = common.build_model(model_name).to(device, memory_format=layout)
+    model = build_model(model_name).to(device, memory_format=layout)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     X, Y = images.to(device).contiguous(memory_format=layout), labels.to(device)
     steps = min(len(X) // batch, max_steps or 10**9)
@@ -102,14 +104,17 @@ def samples_per_s(one_pass, steps, batch, torch):
     return steps * batch / (time.perf_counter() - start)
 
 
-def scripts_path(model_name, batch, max_steps, dataset, torch, common):
+def scripts_path(model_name, batch, max_steps, dataset, torch):
     """samples/s of the scripts' own path: CPU tensors, a DataLoader, a copy per batch."""
     import torch.nn.functional as F
-    common.set_precision(False)  # float32 as the scripts run it, whatever ran before
+    from ddp_scripts.data import make_loader
+    from ddp_scripts.devices import set_precision
+    from ddp_scripts.models import build_model
+    set_precision(False)  # float32 as the scripts run it, whatever ran before
     device = torch.device("cuda")
-    model = common.build_model(model_name).to(device)
+    model = build_model(model_name).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loader = common.make_loader(dataset, batch, torch.utils.data.RandomSampler(dataset))
+    loader = make_loader(dataset, batch, torch.utils.data.RandomSampler(dataset))
     steps = min(len(loader), max_steps or 10**9)
 
     def one_pass(n):
@@ -137,10 +142,10 @@ def main(argv=None):
     if args.train_samples < 512:
         print("error: --train-samples must be at least 512 (one batch of 512)", file=sys.stderr)
         return 2
-    from ddp_scripts import common
+    from ddp_scripts.data import TensorImages, synthetic_cifar
     from ddp_scripts.hardware import describe_hardware
-    (images, labels), _ = common.synthetic_cifar(args.train_samples, 256)
-    dataset = common.TensorImages(images, labels, "synthetic")
+    (images, labels), _ = synthetic_cifar(args.train_samples, 256)
+    dataset = TensorImages(images, labels, "synthetic")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     before = load_average()
@@ -150,10 +155,10 @@ def main(argv=None):
     for model_name, batch, max_steps, fast, graph in ROWS:
         if (model_name, batch) not in done:   # the scripts' path once per model and batch
             done.add((model_name, batch))
-            speed = scripts_path(model_name, batch, max_steps, dataset, torch, common)
+            speed = scripts_path(model_name, batch, max_steps, dataset, torch)
             rows.append({"model": model_name, "batch": batch, "path": "scripts", "bf16": False,
                          "channels_last": False, "cuda_graph": False, "samples_per_s": speed})
-        speed = measure(model_name, batch, max_steps, fast, graph, images, labels, torch, common)
+        speed = measure(model_name, batch, max_steps, fast, graph, images, labels, torch)
         rows.append({"model": model_name, "batch": batch, "path": "data on GPU", "bf16": fast,
                      "channels_last": fast, "cuda_graph": graph, "samples_per_s": speed})
         for row in rows[len(lines) - 1:]:

@@ -114,7 +114,7 @@ def run_script(script, nproc=None, out=None, timeout=600, progress="auto", torch
 def added_environment(env=None):
     """The variables a run gets on top of this process's: `env`, and the launcher's own.
     PYTHONUNBUFFERED makes every line arrive as it is printed; DDP_SCRIPTS_FAST_EXIT ends a
-    companion script at once when it has finished (common.run_cli: the book runs many short
+    companion script at once when it has finished (cli.run_cli: the book runs many short
     runs); OMP_NUM_THREADS set here spares every run torchrun's banner about it (the scripts
     choose their own thread count, cores / processes, anyway)."""
     added = {"PYTHONUNBUFFERED": "1", "DDP_SCRIPTS_FAST_EXIT": "1", **(env or {})}

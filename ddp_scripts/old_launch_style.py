@@ -24,7 +24,7 @@ if not __package__:  # run as a file, not imported: find ddp_scripts as notebook
 import torch
 import torch.distributed as dist
 
-from ddp_scripts.common import UsageError, run_cli
+from ddp_scripts.cli import UsageError, run_cli
 
 
 def main():

@@ -30,7 +30,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from ddp_scripts.common import build_model, synthetic_cifar, UsageError, run_cli  # noqa: E402
+from ddp_scripts.cli import UsageError, run_cli  # noqa: E402
+from ddp_scripts.data import synthetic_cifar  # noqa: E402
+from ddp_scripts.models import build_model  # noqa: E402
 from ddp_scripts.hardware import describe_hardware  # noqa: E402
 from ddp_scripts.launcher import (free_port, run_command, run_script,  # noqa: E402
                                   torchrun_command)

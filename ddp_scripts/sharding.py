@@ -1,63 +1,45 @@
-"""What train_fsdp.py needs beyond common.py: its options, a model worth sharding, each rank's
-shards made without the whole model, sharded checkpoints, the whole model gathered for one
-process, and what each rank holds. A run saved by N ranks resumes on M, and
---global-batch-size keeps the training the same when the number of ranks changes:
+"""What train_fsdp.py needs to shard a model: its options, a model worth sharding, each rank's
+shards made without the whole model, a global batch that survives a change of world size, and
+what each rank holds. Its checkpoints are in fsdp_out.py. A run saved by N ranks resumes on M,
+and --global-batch-size keeps the training the same when the number of ranks changes:
 
     torchrun --standalone --nproc_per_node 2 ddp_scripts/train_fsdp.py --model mlp --width 1024 \
         --global-batch-size 64 --dataset synthetic --out runs/fsdp-mlp --stop-after-epoch 1
     torchrun --standalone --nproc_per_node 1 ddp_scripts/train_fsdp.py --model mlp --width 1024 \
         --global-batch-size 64 --dataset synthetic --out runs/fsdp-mlp --resume
 
-    OUT/checkpoint.dcp/  the sharded checkpoint (torch.distributed.checkpoint): every rank
-                         writes its own shards of the model and of the optimizer state, rank 0
-                         the plan (.metadata) and checkpoint.json (epoch, run, global batch).
-                         It loads on any number of ranks: DCP reads, on each, the pieces of
-                         the shards it now owns. Every rank must see the folder (one machine,
-                         or a file system shared by the nodes).
-    OUT/checkpoint.pt    the whole model and optimizer state, gathered on rank 0 when the run
-                         ends, in the format of the other scripts' checkpoints: one process
-                         loads it with torch.load(weights_only=True), no process group.
-
 Everything that takes an FSDP model or its optimizer is a collective: every rank calls it.
 """
-import json
 import math
 import os
-import shutil
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from torch.distributed.tensor import DTensor
 
-from ddp_scripts import common
-from ddp_scripts.common import (UsageError, append_metrics, build_model, build_parser,
-                                epoch_record, run_identity, say, write_atomically)
-from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, logged_epochs
+from ddp_scripts.cli import UsageError
+from ddp_scripts.models import build_model
+from ddp_scripts.options import ArgumentParser, build_parser, count
 
 MODELS = ["cnn", "resnet18", "mlp"]
-CHECKPOINT_INFO = "checkpoint.json"  # inside OUT/checkpoint.dcp, next to DCP's .metadata
 
 
 # ---------------------------------------------------------------------------------------
-# train_fsdp.py's options: common's, and what sharding adds
+# train_fsdp.py's options: options.py's, and what sharding adds
 # ---------------------------------------------------------------------------------------
 def fsdp_parser(description):
-    """common's options (build_parser), with --model and --resume replaced, and FSDP's own."""
-    p = common.ArgumentParser(description=description, conflict_handler="resolve",
-                              parents=[build_parser(description)])
+    """options.py's options (build_parser), with --model and --resume replaced, and FSDP's own."""
+    p = ArgumentParser(description=description, conflict_handler="resolve",
+                       parents=[build_parser(description)])
     p.add_argument("--model", choices=MODELS, default="cnn", help="mlp: a wide MLP worth sharding")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.dcp, on any number of ranks")
-    p.add_argument("--width", type=common.count, default=256, help="mlp: width of each block")
-    p.add_argument("--depth", type=common.count, default=4, help="mlp: number of blocks")
-    p.add_argument("--global-batch-size", type=common.count, default=None,
+    p.add_argument("--width", type=count, default=256, help="mlp: width of each block")
+    p.add_argument("--depth", type=count, default=4, help="mlp: number of blocks")
+    p.add_argument("--global-batch-size", type=count, default=None,
                    help="split over the ranks (default: --batch-size each)")
     p.add_argument("--no-reshard-after-forward", action="store_true",
                    help="keep each block's gathered weights until backward")
@@ -114,7 +96,7 @@ class WideMLP(nn.Module):
 
 
 def build_fsdp_model(args, dtype):
-    """common's models, or the wide MLP; the same seed gives the same weights on every rank.
+    """models.py's models, or the wide MLP; the same seed gives the same weights on every rank.
     With --activation-checkpointing each block recomputes its forward in backward."""
     if args.model != "mlp":
         model = build_model(args.model, args.seed, dtype)
@@ -263,150 +245,6 @@ def check_same_number_of_batches(test_samples, batch_size, world_size):
                          f"{world_size} ranks {min(counts)} or {max(counts)} batches; under FSDP "
                          "each forward pass needs every rank: change --test-samples or "
                          "--batch-size")
-
-
-# ---------------------------------------------------------------------------------------
-# OUT: the sharded checkpoint, never overwritten by accident
-# ---------------------------------------------------------------------------------------
-def sharded_identity(args):
-    """What must match for a sharded checkpoint to belong to this run."""
-    identity = run_identity(args)
-    if args.model == "mlp":
-        identity.update(width=args.width, depth=args.depth)
-    return identity
-
-
-def prepare_out_dir(args, global_batch_size):
-    """Check OUT before any work starts; returns what the sharded checkpoint holds (epoch,
-    identity, world size, global batch), or None. Only reads: rank 0 calls it (on_rank_0)."""
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a directory")
-    holds_run = any((out / name).exists() for name in (METRICS, CHECKPOINT, SHARDED_CHECKPOINT))
-    if holds_run and not (args.resume or args.overwrite):
-        raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
-                         "--overwrite to replace it, or choose another --out")
-    if not args.resume:
-        return None
-    folder = out / SHARDED_CHECKPOINT
-    if not folder.exists():
-        if logged_epochs(out):  # starting again would throw away epochs that were trained
-            previous = folder.with_name(folder.name + ".old")  # see save_sharded
-            hint = (f"rename {previous.name} to {folder.name}" if previous.exists()
-                    else "restore it")
-            raise UsageError(f"{out} holds epochs {logged_epochs(out)} but no sharded checkpoint "
-                             f"({folder} is missing): {hint}, or pass --overwrite")
-        return None  # nothing to resume: start fresh, as the other scripts do
-    try:
-        info = json.loads((folder / CHECKPOINT_INFO).read_text())
-        info["epoch"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise UsageError(f"{folder} is not a whole sharded checkpoint ({CHECKPOINT_INFO}: "
-                         f"{type(error).__name__}): pass --overwrite to start again") from None
-    if info["identity"] != sharded_identity(args):
-        raise UsageError(f"{folder} belongs to another run ({info['identity']}), not "
-                         f"{sharded_identity(args)}; use another --out or --overwrite")
-    if info["global_batch_size"] != global_batch_size:
-        raise UsageError(f"{folder} was trained with a global batch of "
-                         f"{info['global_batch_size']} and this run's is {global_batch_size}: "
-                         f"pass --global-batch-size {info['global_batch_size']} to continue "
-                         "the same training on this number of ranks")
-    return info
-
-
-def start_out_dir(args, checkpoint):
-    """common's start_out_dir (metrics kept up to the checkpoint's epoch), and no sharded
-    checkpoint but the one resumed from. checkpoint.pt goes: it is the end of a finished run."""
-    common.start_out_dir(args, checkpoint)
-    out = Path(args.out)
-    (out / CHECKPOINT).unlink(missing_ok=True)
-    stale = [".next", ".old"] + ([""] if checkpoint is None else [])
-    for suffix in stale:  # a save cut short, or the checkpoint of a run now overwritten
-        shutil.rmtree(out / (SHARDED_CHECKPOINT + suffix), ignore_errors=True)
-
-
-def resume_from(checkpoint, model, optimizer, out):
-    """Load the sharded checkpoint (or None) into the sharded model and optimizer, on any
-    number of ranks; returns the first epoch to run."""
-    if checkpoint is None:
-        return 1
-    model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards
-    state = {"model": model_state, "optimizer": optimizer_state}
-    folder = Path(out) / SHARDED_CHECKPOINT
-    try:
-        dcp.load(state, checkpoint_id=folder)  # fills them in place
-    except (Exception, dcp.CheckpointException) as error:  # DCP: the same on every rank
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UsageError(f"cannot read the sharded checkpoint {folder}: {first[:200]}; "
-                         "pass --overwrite to start again") from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
-    say(f"resuming after epoch {checkpoint['epoch']} from {out} (saved by "
-        f"{checkpoint['world_size']} rank(s), loaded by {dist.get_world_size()})")
-    return checkpoint["epoch"] + 1
-
-
-def save_sharded(out, model, optimizer, epoch, args, global_batch_size):
-    """Every rank writes its shards into OUT/checkpoint.dcp.next; rank 0 then puts it in place
-    of OUT/checkpoint.dcp. A crash mid-save leaves the previous checkpoint whole (between
-    the two renames, as checkpoint.dcp.old, which --resume then names)."""
-    out = Path(out)
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    folder, new, old = (out / (SHARDED_CHECKPOINT + suffix) for suffix in ("", ".next", ".old"))
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=new)
-    if dist.get_rank() == 0:  # dcp.save returns once every rank's shards and the plan are written
-        info = {"epoch": epoch, "identity": sharded_identity(args),
-                "world_size": dist.get_world_size(), "global_batch_size": global_batch_size}
-        write_atomically(new / CHECKPOINT_INFO, lambda f: f.write(json.dumps(info)), mode="w")
-        if folder.exists():
-            os.replace(folder, old)
-        os.replace(new, folder)
-        shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()  # no rank starts the next save before the folders are in place
-
-
-def save_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_time_s,
-                       context):
-    """Log the epoch (rank 0), save the sharded checkpoint that covers it (every rank), say so."""
-    held = bytes_per_rank(model, optimizer, torch.device(context["device"]))
-    record = epoch_record(epoch, train_totals, test_totals, epoch_time_s, **context, **held)
-    if dist.get_rank() == 0:
-        append_metrics(args.out, record)
-    save_sharded(args.out, model, optimizer, epoch, args, context["global_batch_size"])
-    if dist.get_rank() == 0:
-        say(f"epoch {epoch}/{args.epochs} train_loss={record['train_loss']:.4f} "
-            f"test_accuracy={record['test_accuracy']:.4f} samples/s={record['samples_per_s']:.0f}")
-
-
-# ---------------------------------------------------------------------------------------
-# The whole model, for one process
-# ---------------------------------------------------------------------------------------
-def full_state(model, optimizer):
-    """The whole model and optimizer state, gathered on rank 0's CPU one tensor at a time
-    (the other ranks get empty dicts). The optimizer's state is keyed by parameter number,
-    as optimizer.state_dict() keys it, so that an unsharded optimizer loads it."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_state = get_model_state_dict(model, options=options)
-    optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
-    if not model_state:
-        return {}, {}
-    number = {name: i for i, (name, _) in enumerate(model.named_parameters())}
-    optimizer_state = {
-        "state": {number[name]: state for name, state in optimizer_state["state"].items()},
-        "param_groups": [{**group, "params": [number[name] for name in group["params"]]}
-                         for group in optimizer_state["param_groups"]]}
-    return model_state, optimizer_state
-
-
-def export_full_checkpoint(args, model, optimizer):
-    """OUT/checkpoint.pt as the other scripts write it (model, optimizer, epoch, identity),
-    from the state of the last sharded checkpoint."""
-    model_state, optimizer_state = full_state(model, optimizer)
-    if dist.get_rank() == 0:
-        info = json.loads((Path(args.out) / SHARDED_CHECKPOINT / CHECKPOINT_INFO).read_text())
-        state = {"model": model_state, "optimizer": optimizer_state, "epoch": info["epoch"],
-                 "identity": info["identity"]}
-        write_atomically(Path(args.out) / CHECKPOINT, lambda f: torch.save(state, f))
 
 
 # ---------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ lines call lives here. One GPU is train_fast.py as a world of one process
                           replays them as CUDA graphs
 
 Every option is off by default, and then train_fast.py trains exactly what train_ddp.py trains:
-the loader is common.make_loader's DataLoader, autocast and the gradient scaler are disabled,
+the loader is data.make_loader's DataLoader, autocast and the gradient scaler are disabled,
 and the memory format is the default one. What a run used is recorded in metrics.jsonl and
 run.json (`lever_settings`).
 """
@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ddp_scripts.common import UsageError, keep_batch, make_loader, say
+from ddp_scripts.cli import UsageError, say
+from ddp_scripts.data import keep_batch, make_loader
 
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = ("off", "default", "reduce-overhead")
@@ -34,7 +35,7 @@ PADDING = 4  # pixels added on each side before a random 32x32 crop: the standar
 
 
 def add_speed_options(parser):
-    """The options of chapter 10, added to a script's parser (common.build_parser); returns it."""
+    """The options of chapter 10, added to a script's parser (options.build_parser); returns it."""
     g = parser.add_argument_group("keeping the GPU busy (chapter 10); all off by default")
     g.add_argument("--data-on-device", action="store_true",
                    help="copy the data set to the GPU once and cut batches there by indexing "
@@ -132,7 +133,7 @@ def train_batches(dataset, batch_size, sampler, args, device):
     """The training batches in the order of `sampler`, made where the options say: cut on
     the device (--data-on-device), or by a DataLoader on the CPU (--workers, --pin-memory);
     augmented (--augment) and laid out (--channels-last) where they are made. With every
-    option off: common.make_loader's DataLoader, the loader of train_ddp.py.
+    option off: data.make_loader's DataLoader, the loader of train_ddp.py.
 
     Worker processes start from a forkserver, not by fork: a process that runs NCCL is not
     safe to fork (chapter 9). They are started once and kept for every epoch

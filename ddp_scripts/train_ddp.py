@@ -22,12 +22,15 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP  # DDP
 from torch.utils.data.distributed import DistributedSampler  # DDP
 
-from ddp_scripts.common import (build_model, build_parser, check_args, check_batch_fits,
-                                evaluate, load_datasets, make_loader, pick_device,
-                                prepare_out_dir, reported_if_out_of_memory, resume_from, run_cli,
-                                run_context, save_epoch, say, set_cpu_threads, start_out_dir,
-                                stop_if_loss_not_finite, synchronize, write_summary)
-from ddp_scripts.common import average_buffers, init_process_group, on_rank_0, reduce_sum, require_torchrun  # DDP
+from ddp_scripts.cli import run_cli, say
+from ddp_scripts.options import build_parser, check_args
+from ddp_scripts.devices import pick_device, reported_if_out_of_memory, set_cpu_threads, synchronize
+from ddp_scripts.data import check_batch_fits, load_datasets, make_loader
+from ddp_scripts.models import build_model, evaluate
+from ddp_scripts.checkpoints import prepare_out_dir, resume_from, save_epoch, start_out_dir
+from ddp_scripts.report import run_context, write_summary
+from ddp_scripts.ranks import stop_if_loss_not_finite
+from ddp_scripts.ranks import average_buffers, init_process_group, on_rank_0, reduce_sum, require_torchrun  # DDP
 
 
 def train_one_epoch(model, loader, optimizer, device):

@@ -22,12 +22,15 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard  # FSDP: instead of DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler  # DDP
 
-from ddp_scripts import sharding  # FSDP: its options, making the shards, sharded checkpoints
-from ddp_scripts.common import (check_args, check_batch_fits,  # FSDP: build_model and checkpoints: sharding
-                                evaluate, load_datasets, make_loader, pick_device,
-                                reported_if_out_of_memory, run_cli, run_context, say, set_cpu_threads,  # FSDP
-                                stop_if_loss_not_finite, synchronize, write_summary)
-from ddp_scripts.common import average_buffers, init_process_group, on_rank_0, reduce_sum, require_torchrun  # DDP
+from ddp_scripts.cli import run_cli, say
+from ddp_scripts.options import check_args  # FSDP: sharding.parse_args instead of build_parser
+from ddp_scripts.devices import pick_device, reported_if_out_of_memory, set_cpu_threads, synchronize
+from ddp_scripts.data import check_batch_fits, load_datasets, make_loader
+from ddp_scripts.models import evaluate  # FSDP: sharding.build_fsdp_model instead of build_model
+from ddp_scripts import fsdp_out, sharding  # FSDP: shards (sharding) and sharded checkpoints (fsdp_out)
+from ddp_scripts.report import run_context, write_summary
+from ddp_scripts.ranks import stop_if_loss_not_finite
+from ddp_scripts.ranks import average_buffers, init_process_group, on_rank_0, reduce_sum, require_torchrun  # DDP
 
 
 def train_one_epoch(model, loader, optimizer, device):
@@ -55,7 +58,7 @@ def train_one_epoch(model, loader, optimizer, device):
 
 
 def main():
-    args = sharding.parse_args(__doc__.splitlines()[0])  # FSDP: common's options, sharding's, the batch per rank
+    args = sharding.parse_args(__doc__.splitlines()[0])  # FSDP: options.py's options, sharding's, the batch per rank
     check_args(args)
 
     # 1. Where to train: one process per GPU (or per share of the CPU cores), all in one group.
@@ -68,7 +71,7 @@ def main():
     init_process_group(device, args.timeout_s)  # DDP: nccl on GPUs, gloo on CPUs
     threads = set_cpu_threads(args.threads)
     # FSDP: the sharded checkpoint, found by rank 0 and told to every rank
-    checkpoint = on_rank_0(sharding.prepare_out_dir, args, args.batch_size * world_size)  # FSDP
+    checkpoint = on_rank_0(fsdp_out.prepare_out_dir, args, args.batch_size * world_size)  # FSDP
     train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
                                         args.test_samples, args.dtype)
     check_batch_fits(args.batch_size, len(train_set))
@@ -85,8 +88,8 @@ def main():
     # FSDP: only this rank's shards are allocated, with the weights build_model gives every other script
     sharding.materialize_shards(model, device, args, getattr(torch, args.dtype))  # FSDP
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    first_epoch = sharding.resume_from(checkpoint, model, optimizer, args.out)  # FSDP: on any number of ranks
-    on_rank_0(sharding.start_out_dir, args, checkpoint)  # FSDP
+    first_epoch = fsdp_out.resume_from(checkpoint, model, optimizer, args.out)  # FSDP: on any number of ranks
+    on_rank_0(fsdp_out.start_out_dir, args, checkpoint)  # FSDP
 
     # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
     shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: a share each
@@ -107,11 +110,11 @@ def main():
         average_buffers(model)  # FSDP: no .module: fully_shard changes the model's class in place
         test_totals = reduce_sum(evaluate(model, test_loader, device))  # FSDP: every rank runs each forward
         # FSDP: every rank saves its shards; rank 0 logs the epoch
-        sharding.save_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_time, context)  # FSDP
+        fsdp_out.save_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_time, context)  # FSDP
         if epoch == args.stop_after_epoch:
             say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
             break
-    sharding.export_full_checkpoint(args, model, optimizer)  # FSDP: rank 0 gathers the whole model
+    fsdp_out.export_full_checkpoint(args, model, optimizer)  # FSDP: rank 0 gathers the whole model
     on_rank_0(write_summary, args.out, "fsdp", device, START, train_start, args, world_size)  # FSDP
     dist.destroy_process_group()  # DDP: leave the group cleanly
 

@@ -19,7 +19,7 @@ from book_files import HTML, MISSING_SITE, SCREENSHOTS
 def pytest_configure(config):
     """Under pytest-xdist, each worker gets its own share of the cores, as a Slurm job gives
     each of its tasks: the runs a test starts (in the worker, or as its child processes, which
-    inherit the share) then size their thread pools to it (common.set_cpu_threads). Without
+    inherit the share) then size their thread pools to it (devices.set_cpu_threads). Without
     it, two workers each run torch with a thread per core, and on a small machine their
     threads spin waiting for each other: a 4-second test took 36 seconds."""
     worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")

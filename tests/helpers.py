@@ -34,7 +34,7 @@ def run_in_process(script, *args):
     runs as __main__ with this argv; its exit status, stdout and stderr come back as a
     CompletedProcess, and an exception it lets out is printed as Python would print it
     (status 1), so a bare traceback fails the same assertions as in a real process. The
-    os._exit(0) that ends a successful run (common.run_cli) ends the script, not pytest; in a
+    os._exit(0) that ends a successful run (cli.run_cli) ends the script, not pytest; in a
     process the script forks (a DataLoader worker), os._exit ends that process as usual.
     """
     path = SCRIPTS / script

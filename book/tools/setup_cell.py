@@ -7,7 +7,7 @@ REPOSITORY = "https://github.com/pytorch-gpu-book/pytorch-gpu-book"
 here = pathlib.Path.cwd().resolve()
 clone = here / "gpu-book"  # a notebook opened alone keeps its copy of the repository here
 places = [here, *here.parents, clone]
-ROOT = next((p for p in places if (p / "ddp_scripts" / "common.py").exists()), None)
+ROOT = next((p for p in places if (p / "ddp_scripts" / "train_single.py").exists()), None)
 if ROOT is None:
     url = os.environ.get("BOOK_REPO_URL", REPOSITORY)
     limit = float(os.environ.get("BOOK_CLONE_TIMEOUT", "300"))  # seconds: a stalled clone ends

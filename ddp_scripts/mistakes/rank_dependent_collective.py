@@ -21,7 +21,7 @@ if not __package__:  # run as a file, not imported: find ddp_scripts as notebook
 import torch
 import torch.distributed as dist
 
-from ddp_scripts.common import run_cli, say
+from ddp_scripts.cli import run_cli, say
 
 
 def log_total_buggy(samples, rank):

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ddp_scripts.common import say
+from ddp_scripts.cli import say
 from ddp_scripts.launcher import free_port
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_scripts.common import write_atomically
+from ddp_scripts.checkpoints import write_atomically
 
 
 def join_group(timeout_s=60):

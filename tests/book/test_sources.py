@@ -150,7 +150,7 @@ PLANTED = {   # a flaw: (the check that must find it, how to plant it in the cop
             root / "README.md", lambda text: text + "\ngit clone https://github.com/someone/else\n")),
     "an included function renamed": (
         sources.included_code_is_still_there, lambda root: edit_notebook(root, append_markdown(
-            "```{literalinclude} ../ddp_scripts/common.py\n:pyobject: no_such_function\n```"))),
+            "```{literalinclude} ../ddp_scripts/models.py\n:pyobject: no_such_function\n```"))),
     "an indented include of a file that is gone": (
         sources.included_code_is_still_there, lambda root: edit_notebook(root, append_markdown(
             "- a list item\n\n  ```{literalinclude} ../ddp_scripts/gone.py\n  :lines: 1-2\n  ```"))),
@@ -236,7 +236,7 @@ def test_a_solution_closed_early_by_its_own_code_fence_is_found():
 # The set-up cell: finds the companion scripts, or fetches them from the repository
 # ---------------------------------------------------------------------------------------
 def fake_git(bin_dir, log, clone_works, hangs=False):
-    """A `git` that logs its arguments and 'clones' by creating ddp_scripts/common.py; or
+    """A `git` that logs its arguments and 'clones' by creating ddp_scripts/train_single.py; or
     fails; or never answers (a clone stalled on a slow network)."""
     bin_dir.mkdir()
     script = bin_dir / "git"
@@ -253,7 +253,7 @@ def fake_git(bin_dir, log, clone_works, hangs=False):
             print("fatal: unable to access the repository", file=sys.stderr)
             sys.exit(128)
         (target / "ddp_scripts").mkdir()
-        (target / "ddp_scripts" / "common.py").write_text("")
+        (target / "ddp_scripts" / "train_single.py").write_text("")
         """)
     script.write_text(body)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)

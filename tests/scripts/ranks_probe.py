@@ -14,28 +14,28 @@ sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root
 import torch
 import torch.distributed as dist
 
-from ddp_scripts import common
+from ddp_scripts import checkpoints, cli, data, options, ranks
 
 out = Path(sys.argv[1])
 device = torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")  # "cuda": one GPU per rank
 if device.type == "cuda":
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     torch.cuda.set_device(device)
-common.init_process_group(device, timeout_s=120)
+ranks.init_process_group(device, timeout_s=120)
 rank = dist.get_rank()
 seen = {"rank": rank}
 
 # 1. Resuming: only rank 0's disk holds the run; every rank must resume as rank 0 decides.
-args = common.build_parser("probe").parse_args(
+args = options.build_parser("probe").parse_args(
     ["--out", str(out / f"rank{rank}"), "--dataset", "synthetic", "--resume"])
-checkpoint = common.on_rank_0(common.prepare_out_dir, args)
+checkpoint = ranks.on_rank_0(checkpoints.prepare_out_dir, args)
 seen["resumes_after_epoch"] = None if checkpoint is None else checkpoint["epoch"]
 
 # 2. Bad input found by rank 0 reaches every rank as the same one-line error.
-overwrite = common.build_parser("probe").parse_args(["--out", str(out / "rank0"), "--dataset", "synthetic"])
+overwrite = options.build_parser("probe").parse_args(["--out", str(out / "rank0"), "--dataset", "synthetic"])
 try:
-    common.on_rank_0(common.prepare_out_dir, overwrite)
-except common.UsageError as error:
+    ranks.on_rank_0(checkpoints.prepare_out_dir, overwrite)
+except cli.UsageError as error:
     seen["refused"] = str(error)
 
 # 3. CIFAR-10: rank 0 downloads alone, first; a rank whose disk lacks the files while
@@ -46,17 +46,17 @@ def fake_cifar10(data_dir, download):
     if rank == 1:
         raise RuntimeError("Dataset not found or corrupted")
     return [(torch.zeros(8, 3, 32, 32), torch.zeros(8, dtype=torch.long))] * 2  # CPU, as the real one
-common.cifar10_tensors = fake_cifar10
+data.cifar10_tensors = fake_cifar10
 try:
-    common.load_datasets("cifar10", str(out / "data"), 8, 8)
-except common.UsageError as error:
+    data.load_datasets("cifar10", str(out / "data"), 8, 8)
+except cli.UsageError as error:
     seen["data_refused"] = str(error)
 seen["cifar10_calls"] = calls
 
 # 4. BatchNorm statistics: each rank's own after its last step, the same after averaging.
 norm = torch.nn.BatchNorm1d(3).to(device)
 norm(torch.randn(16, 3, device=device) + rank)
-common.average_buffers(norm)
+ranks.average_buffers(norm)
 seen["running_mean"] = norm.running_mean.tolist()
 
 (out / f"rank{rank}.json").write_text(json.dumps(seen))

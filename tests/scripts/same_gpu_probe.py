@@ -1,5 +1,5 @@
 """Run under torchrun by test_between_ranks.py, with the repository root on PYTHONPATH:
-common.check_one_gpu_per_rank on 2 CPU processes, with the GPUs' UUIDs faked. Each rank
+ranks.check_one_gpu_per_rank on 2 CPU processes, with the GPUs' UUIDs faked. Each rank
 writes what it saw to OUT/gpus<N>.json.
 
 The ranks first report different GPUs (the check passes), then the same one (every rank
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from ddp_scripts import common
+from ddp_scripts import cli, ranks
 
 out = Path(sys.argv[1])
 dist.init_process_group("gloo")
@@ -30,9 +30,9 @@ seen = {}
 for case, uuid in (("different", f"GPU-{rank}"), ("same", "GPU-shared")):
     torch.cuda.get_device_properties = lambda device, uuid=uuid: SimpleNamespace(uuid=uuid)
     try:
-        common.check_one_gpu_per_rank(torch.device("cuda", 0))
+        ranks.check_one_gpu_per_rank(torch.device("cuda", 0))
         seen[case] = "passed"
-    except common.UsageError as error:
+    except cli.UsageError as error:
         seen[case] = str(error)
 (out / f"gpus{rank}.json").write_text(json.dumps(seen))
 dist.destroy_process_group()

@@ -25,60 +25,60 @@ def test_data_parallel_on_the_cpu(tmp_path):
 
 
 def test_more_processes_than_gpus_with_nccl(monkeypatch):
-    from ddp_scripts import common
+    from ddp_scripts import cli, devices, ranks
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert common.pick_device("cuda", local_rank=1) == torch.device("cuda", 1)
-    with pytest.raises(common.UsageError, match="only 2 GPU\\(s\\) are visible"):
-        common.pick_device("cuda", local_rank=2)
-    assert common.backend_for(torch.device("cuda", 0)) == "nccl"
-    assert common.backend_for(torch.device("cpu")) == "gloo"
+    assert devices.pick_device("cuda", local_rank=1) == torch.device("cuda", 1)
+    with pytest.raises(cli.UsageError, match="only 2 GPU\\(s\\) are visible"):
+        devices.pick_device("cuda", local_rank=2)
+    assert ranks.backend_for(torch.device("cuda", 0)) == "nccl"
+    assert ranks.backend_for(torch.device("cpu")) == "gloo"
 
 
 def test_one_gpu_per_task_clusters_and_one_gpu_machines(monkeypatch):
     """A scheduler that binds one GPU to each task shows every process only cuda:0; a
     machine with one GPU and two processes is an error, not two ranks on one GPU."""
-    from ddp_scripts import common
+    from ddp_scripts import cli, devices
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # what Slurm's --gpus-per-task=1 sets
-    assert common.pick_device("cuda", local_rank=2) == torch.device("cuda", 0)
+    assert devices.pick_device("cuda", local_rank=2) == torch.device("cuda", 0)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    with pytest.raises(common.UsageError, match="local rank 1 needs GPU 1, but only 1"):
-        common.pick_device("auto", local_rank=1)
+    with pytest.raises(cli.UsageError, match="local rank 1 needs GPU 1, but only 1"):
+        devices.pick_device("auto", local_rank=1)
 
 
 def test_under_torchrun_a_second_rank_on_one_visible_gpu_is_an_error(monkeypatch):
     """torchrun's workers share one CUDA_VISIBLE_DEVICES (Slurm sets it for every GPU job):
     there one visible GPU and local rank 1 is the mistake, said in one line, not a binding."""
-    from ddp_scripts import common
+    from ddp_scripts import cli, devices
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")   # what Slurm's --gres=gpu:1 sets
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # what torchrun gives each worker
-    with pytest.raises(common.UsageError, match="local rank 1 needs GPU 1, but only 1 GPU"):
-        common.pick_device("cuda", local_rank=1)
-    assert common.pick_device("cuda", local_rank=0) == torch.device("cuda", 0)
+    with pytest.raises(cli.UsageError, match="local rank 1 needs GPU 1, but only 1 GPU"):
+        devices.pick_device("cuda", local_rank=1)
+    assert devices.pick_device("cuda", local_rank=0) == torch.device("cuda", 0)
 
 
 def test_threads_follow_the_cores_this_process_may_use(monkeypatch):
     """In a Slurm job or a container, a process may run on fewer cores than the machine has,
     or have a CPU quota that allows fewer still."""
-    from ddp_scripts import common, hardware
+    from ddp_scripts import devices, hardware
     saved = torch.get_num_threads()
-    monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7}, raising=False)
-    monkeypatch.setattr(common.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7}, raising=False)
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: 64)
     monkeypatch.setattr(hardware, "cpu_quota_cores", lambda: None)
     try:
-        assert common.set_cpu_threads(None, processes_per_node=2) == 2
-        assert common.set_cpu_threads(None, processes_per_node=8) == 1
-        assert common.set_cpu_threads(3, processes_per_node=2) == 3  # --threads wins
+        assert devices.set_cpu_threads(None, processes_per_node=2) == 2
+        assert devices.set_cpu_threads(None, processes_per_node=8) == 1
+        assert devices.set_cpu_threads(3, processes_per_node=2) == 3  # --threads wins
         monkeypatch.setattr(hardware, "cpu_quota_cores", lambda: 2)  # docker run --cpus 1.5
-        assert common.set_cpu_threads(None, processes_per_node=1) == 2
+        assert devices.set_cpu_threads(None, processes_per_node=1) == 2
         monkeypatch.setattr(hardware, "cpu_quota_cores", lambda: 16)  # more than it may run on
-        assert common.set_cpu_threads(None, processes_per_node=1) == 4
+        assert devices.set_cpu_threads(None, processes_per_node=1) == 4
     finally:
         torch.set_num_threads(saved)
 
@@ -101,13 +101,13 @@ def test_cpu_quota_is_read_from_the_cgroup(tmp_path, files, cores):
 
 
 def test_out_of_memory_is_one_line_with_what_to_do():
-    from ddp_scripts import common
-    with pytest.raises(common.UsageError, match="a batch of 512 images does not fit in the "
+    from ddp_scripts import cli, devices
+    with pytest.raises(cli.UsageError, match="a batch of 512 images does not fit in the "
                                                 "memory of cuda:0: lower --batch-size"):
-        with common.reported_if_out_of_memory(512, torch.device("cuda", 0)):
+        with devices.reported_if_out_of_memory(512, torch.device("cuda", 0)):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     with pytest.raises(ValueError):  # anything else goes through unchanged
-        with common.reported_if_out_of_memory(512, torch.device("cpu")):
+        with devices.reported_if_out_of_memory(512, torch.device("cpu")):
             raise ValueError("not about memory")
 
 
@@ -155,7 +155,7 @@ def test_the_other_scripts_check_their_numbers_too(tmp_path, script, option, val
 
 def test_large_finite_numbers_are_accepted():
     """A learning rate of 1e30 is finite: whether it trains is the run's to find out."""
-    from ddp_scripts.common import build_parser
+    from ddp_scripts.options import build_parser
     args = build_parser("test").parse_args(["--out", "x", "--lr", "1e30", "--timeout-s", "1e9",
                                             "--seed", str(2**63 - 1), "--momentum", "0"])
     assert (args.lr, args.timeout_s, args.seed, args.momentum) == (1e30, 1e9, 2**63 - 1, 0)
@@ -223,7 +223,7 @@ def test_ddp_bad_input_is_one_line_per_rank_and_the_launcher_names_the_rank(tmp_
     assert ours, "\n".join(lines)
     assert set(ours) <= {"[rank 0] error: --batch-size must be at least 1, got 0",
                          "[rank 1] error: --batch-size must be at least 1, got 0"}
-    assert not any("common.UsageError" in line for line in lines)  # no traceback of ours
+    assert not any("cli.UsageError" in line for line in lines)  # no traceback of ours
     error = caught.value  # what the notebook sees: which rank failed, how, and why
     assert error.rank in (0, 1) and error.exit_code == 2
     assert "--batch-size must be at least 1" in str(error)
@@ -235,9 +235,9 @@ def test_cifar10_downloads_take_turns_on_one_disk(tmp_path):
     is free again after: LOCAL_RANK cannot tell who is first under --virtual-local-rank."""
     import fcntl  # POSIX, as every machine the tests run on
 
-    from ddp_scripts import common
+    from ddp_scripts import data
     lock = tmp_path / "data" / ".download.lock"
-    with common._one_process_at_a_time(lock):
+    with data._one_process_at_a_time(lock):
         with open(lock) as other:
             with pytest.raises(BlockingIOError):
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -252,7 +252,7 @@ def test_a_download_lock_that_cannot_be_had_means_no_lock(tmp_path, monkeypatch,
     import errno
     import fcntl
 
-    from ddp_scripts import common
+    from ddp_scripts import data
     lock = tmp_path / "data" / ".download.lock"
     if cannot == "lock path is a directory":
         lock.mkdir(parents=True)
@@ -261,7 +261,7 @@ def test_a_download_lock_that_cannot_be_had_means_no_lock(tmp_path, monkeypatch,
             raise OSError(errno.ENOSYS, "Function not implemented")
         monkeypatch.setattr(fcntl, "flock", no_flock)
     ran = []
-    with common._one_process_at_a_time(lock):
+    with data._one_process_at_a_time(lock):
         ran.append(True)
     assert ran == [True]
     said = capsys.readouterr().out.splitlines()

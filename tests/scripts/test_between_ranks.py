@@ -1,4 +1,4 @@
-"""What the ranks decide together (common.py, "Between ranks"), on 2 CPU processes.
+"""What the ranks decide together (ranks.py), on 2 CPU processes.
 
 One torchrun start of tests/scripts/ranks_probe.py checks: a resume decided by rank 0 for ranks that
 cannot see its disk; rank 0's bad-input verdict on every rank; CIFAR-10 downloaded by rank 0
@@ -11,7 +11,9 @@ import json
 import pytest
 import torch
 
-from ddp_scripts.common import build_model, build_parser, save_checkpoint
+from ddp_scripts.options import build_parser
+from ddp_scripts.models import build_model
+from ddp_scripts.checkpoints import save_checkpoint
 from ddp_scripts.launcher import run_command, torchrun_command
 from helpers import ROOT
 

@@ -21,8 +21,9 @@ import psutil
 import pytest
 import torch
 
-from ddp_scripts.common import (append_metrics, build_model, build_parser, load_checkpoint,
-                                prepare_out_dir, save_checkpoint, start_out_dir)
+from ddp_scripts.options import build_parser
+from ddp_scripts.models import build_model
+from ddp_scripts.checkpoints import append_metrics, load_checkpoint, prepare_out_dir, save_checkpoint, start_out_dir
 from ddp_scripts.launcher import (LaunchError, LaunchTimeout, free_port, run_command,
                                   run_script, torchrun_command)
 from ddp_scripts.mistakes.faults import processes_mentioning
@@ -103,7 +104,7 @@ def test_crash_during_a_save_leaves_the_last_checkpoint_whole(tmp_path):
     before = (tmp_path / CHECKPOINT).read_bytes()
     crash = f"""
 import io, os, signal, sys, torch
-from ddp_scripts import common
+from ddp_scripts import checkpoints, models, options
 real_save = torch.save
 
 def save_half_then_die(obj, f):
@@ -114,10 +115,10 @@ def save_half_then_die(obj, f):
     os.kill(os.getpid(), signal.SIGKILL)
 
 torch.save = save_half_then_die
-args = common.build_parser("crash").parse_args(["--out", {str(tmp_path)!r}, "--dataset", "synthetic"])
-model = common.build_model(seed=1)
+args = options.build_parser("crash").parse_args(["--out", {str(tmp_path)!r}, "--dataset", "synthetic"])
+model = models.build_model(seed=1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-common.save_checkpoint({str(tmp_path)!r}, model, optimizer, 2, args)
+checkpoints.save_checkpoint({str(tmp_path)!r}, model, optimizer, 2, args)
 """
     result = subprocess.run([sys.executable, "-c", crash], cwd=ROOT, capture_output=True, timeout=300)
     assert result.returncode == -signal.SIGKILL, result.stderr.decode()[-2000:]

@@ -136,7 +136,7 @@ def test_outside_torchrun_and_cpu_offload_on_a_cpu(tmp_path):
 
 
 def test_test_batches_that_would_leave_a_rank_waiting():
-    from ddp_scripts.common import UsageError
+    from ddp_scripts.cli import UsageError
     from ddp_scripts.sharding import check_same_number_of_batches
     check_same_number_of_batches(128, 16, 2)
     with pytest.raises(UsageError, match="give the 2 ranks 1 or 2 batches"):
@@ -218,7 +218,7 @@ def test_train_fsdp_never_makes_a_tensor_of_the_whole_model_size(tmp_path):
 
     import ddp_scripts.train_fsdp as script
     from ddp_scripts import sharding
-    from ddp_scripts.common import build_model
+    from ddp_scripts.models import build_model
     recorder = LargestPlainTensor()
     built, made = sharding.build_fsdp_model, sharding.materialize_shards
     seen = {}

@@ -1,6 +1,7 @@
 """The scripts are a tree: train_single.py -> train_dp.py, and train_single.py -> train_ddp.py ->
 train_fast.py / train_fsdp.py. The diff between a script and its parent is the lesson, so it stays
 short and marked."""
+import ast
 import difflib
 import re
 
@@ -71,3 +72,38 @@ def test_the_children_keep_the_parents_step(script):
     for step in ("model(images)", "F.cross_entropy(", "backward()", "step(optimizer)"
                  if script == "train_fast.py" else "optimizer.step()", "for epoch in range("):
         assert step in text, f"{script} does not show {step}"
+
+
+ROOM_SIZE = 300  # lines: a reader opens the module a script imports a name from, and reads it
+
+
+def ddp_scripts_imports(path):
+    """The ddp_scripts modules a file imports: `from ddp_scripts.X import ...` and
+    `from ddp_scripts import X` (where X is a module, not a name in __init__.py)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "ddp_scripts":
+            found |= {alias.name for alias in node.names if (SCRIPTS / f"{alias.name}.py").exists()}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ddp_scripts."):
+            found.add(node.module.removeprefix("ddp_scripts."))
+        elif isinstance(node, ast.Import):
+            found |= {alias.name.removeprefix("ddp_scripts.") for alias in node.names
+                      if alias.name.startswith("ddp_scripts.")}
+    return {SCRIPTS / (name.replace(".", "/") + ".py") for name in found}
+
+
+@pytest.mark.parametrize("script", ["train_single.py", "train_ddp.py", "train_fsdp.py"])
+def test_every_module_a_script_reads_from_is_short(script):
+    """The plumbing is in rooms named for what they hold (cli, options, devices, data, models,
+    checkpoints, report, ranks; sharding and fsdp_out for FSDP): a reader who wants to know how
+    a script loads its data opens a short file. Followed through the modules' own imports."""
+    seen, todo = set(), ddp_scripts_imports(SCRIPTS / script)
+    while todo:
+        module = todo.pop()
+        assert module.exists(), f"{script} imports {module.name}, which does not exist"
+        seen.add(module)
+        todo |= ddp_scripts_imports(module) - seen
+    assert len(seen) >= 8, sorted(module.name for module in seen)  # the rooms are found
+    for module in sorted(seen):
+        lines = len(module.read_text().splitlines())
+        assert lines <= ROOM_SIZE, f"{module.name} ({script} reads from it) has {lines} lines"

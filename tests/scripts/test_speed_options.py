@@ -15,7 +15,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ddp_scripts.common import UsageError, build_model, set_cpu_threads, synthetic_cifar
+from ddp_scripts.cli import UsageError
+from ddp_scripts.devices import set_cpu_threads
+from ddp_scripts.models import build_model
+from ddp_scripts.data import synthetic_cifar
 from ddp_scripts.runfiles import SUMMARY, metrics_rows
 from ddp_scripts.speed import (AMP_DTYPES, DeviceBatches, RandomCropFlip, add_speed_options,
                                check_levers, train_batches)
@@ -254,7 +257,7 @@ def test_amp_on_the_cpu_autocasts_the_step_as_train_fast_does():
 # The parts: batches on the device, the augmentation
 # ---------------------------------------------------------------------------------------
 def test_device_batches_are_the_dataloaders_batches():
-    from ddp_scripts.common import TensorImages, make_loader
+    from ddp_scripts.data import TensorImages, make_loader
     from torch.utils.data import DistributedSampler, RandomSampler
     (images, labels), _ = synthetic_cifar(100, 10)
     data = TensorImages(images, labels, "synthetic")
@@ -302,7 +305,7 @@ def test_workers_start_from_a_forkserver_once_and_draw_each_epochs_crops():
     """--workers: the workers are not forked (chapter 9: a process running NCCL is not safe to
     fork), they serve every epoch, and each epoch's batches are those made without workers."""
     from torch.utils.data import RandomSampler
-    from ddp_scripts.common import TensorImages
+    from ddp_scripts.data import TensorImages
     (images, labels), _ = synthetic_cifar(96, 10)
     data = TensorImages(images, labels, "synthetic")
     shuffle = torch.Generator()
@@ -464,7 +467,7 @@ def test_augmented_batches_are_the_same_on_the_device_path_and_the_loader_path()
     """--augment draws the same crops whether batches are cut by DeviceBatches (the path of
     --data-on-device, here on the CPU) or made by the DataLoader in the training process."""
     from torch.utils.data import RandomSampler
-    from ddp_scripts.common import TensorImages
+    from ddp_scripts.data import TensorImages
     (images, labels), _ = synthetic_cifar(96, 10)
     data = TensorImages(images, labels, "synthetic")
     shuffle = torch.Generator()

@@ -44,7 +44,7 @@ def test_resume_on_an_empty_directory_starts_fresh(tmp_path):
 
 
 def test_synthetic_data_is_deterministic_with_a_separate_test_split():
-    from ddp_scripts.common import synthetic_cifar
+    from ddp_scripts.data import synthetic_cifar
     (x1, y1), (xt1, yt1) = synthetic_cifar(256, 64)
     (x2, y2), _ = synthetic_cifar(256, 64)
     assert x1.shape == (256, 3, 32, 32) and xt1.shape == (64, 3, 32, 32)
@@ -82,14 +82,14 @@ def test_cifar10_falls_back_to_synthetic_with_an_announcement(tmp_path, monkeypa
 
 def test_one_import_path(tmp_path):
     """Scripts, notebooks and tests import the shared code as ddp_scripts.*, never under a
-    second name (`common`), so one exception class and one monkeypatch reach every caller."""
+    second name (`cli`), so one exception class and one monkeypatch reach every caller."""
     result = run_in_process("train_single.py", *SMALL, "--epochs", "1", "--device", "cpu",
                             "--out", tmp_path)
     assert result.returncode == 0, result.stderr
-    second_names = {"common", "launcher", "runfiles", "hardware", "benchmark"} & set(sys.modules)
+    second_names = {path.stem for path in SCRIPTS.glob("*.py")} & set(sys.modules)
     assert not second_names, f"imported under a second name: {second_names}"
     loaded = [name for name in sys.modules if name.startswith("ddp_scripts")]
-    assert "ddp_scripts.common" in loaded and "ddp_scripts.runfiles" in loaded
+    assert "ddp_scripts.cli" in loaded and "ddp_scripts.runfiles" in loaded
 
 
 def test_nothing_parses_torchruns_printed_summary():
@@ -107,7 +107,7 @@ def test_tf32_is_off_unless_asked_and_recorded(tmp_path):
     assert run_in_process("train_single.py", *args, "--tf32", "--out", tmp_path / "on").returncode == 0
     assert torch.backends.cudnn.conv.fp32_precision == torch.backends.cuda.matmul.fp32_precision == "tf32"
     assert [read_metrics(tmp_path / name)[0]["tf32"] for name in ("off", "on")] == [False, True]
-    from ddp_scripts.common import set_precision
+    from ddp_scripts.devices import set_precision
     set_precision(False)
 
 
@@ -135,21 +135,21 @@ def test_a_finished_run_exits_as_python_does_unless_told_otherwise(tmp_path, mon
     import os
     import subprocess
 
-    from ddp_scripts import common
+    from ddp_scripts import cli
     ended = []
     monkeypatch.setattr(os, "_exit", ended.append)
-    monkeypatch.delenv(common.FAST_EXIT, raising=False)
-    assert common.run_cli(lambda: None) is None and ended == []
-    monkeypatch.setenv(common.FAST_EXIT, "1")
-    common.run_cli(lambda: None)
+    monkeypatch.delenv(cli.FAST_EXIT, raising=False)
+    assert cli.run_cli(lambda: None) is None and ended == []
+    monkeypatch.setenv(cli.FAST_EXIT, "1")
+    cli.run_cli(lambda: None)
     assert ended == [0]
     monkeypatch.undo()
     # A script copied from the book, with a handler of its own: it runs.
     script = tmp_path / "mine.py"
-    script.write_text("import atexit\nfrom ddp_scripts.common import run_cli\n"
+    script.write_text("import atexit\nfrom ddp_scripts.cli import run_cli\n"
                       f"atexit.register(lambda: open({str(tmp_path / 'flushed')!r}, 'w').close())\n"
                       "run_cli(lambda: print('trained'))\n")
-    env = {key: value for key, value in os.environ.items() if key != common.FAST_EXIT}
+    env = {key: value for key, value in os.environ.items() if key != cli.FAST_EXIT}
     env["PYTHONPATH"] = str(SCRIPTS.parent)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
                           timeout=300)

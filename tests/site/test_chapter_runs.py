@@ -39,7 +39,7 @@ def checkpoint(name):
 
 
 def moved_from_the_start(state, dtype):
-    from ddp_scripts.common import build_model
+    from ddp_scripts.models import build_model
     return max_difference(build_model("cnn", seed=0, dtype=dtype).state_dict(), state["model"])
 
 
@@ -182,7 +182,7 @@ def test_fsdp_metrics_what_each_rank_holds_and_its_checkpoints():
     assert (folder / ".metadata").exists()
     # The whole model, for one process without a process group: plain tensors, as unsharded.
     state = checkpoint("ch11-fsdp")
-    from ddp_scripts.common import build_model
+    from ddp_scripts.models import build_model
     model = build_model("cnn", dtype=torch.float64)
     model.load_state_dict(state["model"])   # strict: every name and shape
     torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9).load_state_dict(state["optimizer"])

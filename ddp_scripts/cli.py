@@ -1,0 +1,72 @@
+"""How a companion script starts, talks and ends: run_cli, its one-line errors, say.
+
+Bad input is a UsageError: one line on stderr, exit status 2. A run that cannot go on is a
+RunStopped: one line, exit status 1. say() prints one line, tagged with the process's rank.
+"""
+import os
+import sys
+
+from ddp_scripts.runfiles import write_error_file
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line on stderr, exit status 2, no traceback."""
+
+
+class RunStopped(Exception):
+    """The run cannot go on (its loss stopped being finite): one line on stderr, exit status 1."""
+
+
+# Set to 1 by the book's launcher and tests: a run that succeeds then ends with os._exit(0).
+FAST_EXIT = "DDP_SCRIPTS_FAST_EXIT"
+
+
+def run_cli(main):
+    """Call `main()` as a script's entry point, and end the process.
+
+    Bad input (UsageError) is one line on stderr and exit status 2; a run that had to stop
+    (RunStopped) is one line and exit status 1; any other exception is Python's traceback and
+    exit status 1. Either way the error also goes, as JSON, to the error file torchrun gives
+    each worker (ddp_scripts/runfiles.py), where torchrun and the launcher read which rank
+    failed and why. A run that succeeds returns, and Python exits as usual.
+
+    With DDP_SCRIPTS_FAST_EXIT=1 it ends with os._exit(0) instead, once its output is
+    flushed: that saves the time Python spends on its way out (it frees, one by one, the
+    objects importing torch made), which adds up over the many short runs of the book's
+    build. It also skips atexit handlers, the flushing of files left open and the wait for
+    other threads: a logger you add would lose its last lines. So only the book's own
+    launcher and tests set it; leave it unset for your own runs.
+    """
+    rank = int(os.environ["RANK"]) if "RANK" in os.environ else None
+    try:
+        main()
+    except (UsageError, RunStopped) as error:
+        status = 2 if isinstance(error, UsageError) else 1
+        write_error_file(error, exit_code=status, rank=rank, with_stack=False)
+        tag = f"[rank {rank}] " if rank is not None else ""
+        sys.stderr.write(f"{tag}error: {error}\n")  # one write: see say()
+        sys.stderr.flush()
+        sys.exit(status)
+    except Exception as error:
+        write_error_file(error, exit_code=1, rank=rank)
+        raise
+    if os.environ.get(FAST_EXIT) == "1":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def first_line(error):
+    """An exception's message in one line, for a one-line error or announcement."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def say(message):
+    """Print one line, tagged with this process's rank, flushed at once.
+
+    The line and its newline go out in one write: print() writes them apart, and with
+    unbuffered output (PYTHONUNBUFFERED=1, as the launcher sets) two ranks' lines can mix.
+    """
+    sys.stdout.write(f"[rank {os.environ.get('RANK', '0')}] {message}\n")
+    sys.stdout.flush()

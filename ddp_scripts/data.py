@@ -1,0 +1,192 @@
+"""The data: CIFAR-10, or a synthetic stand-in, as whole tensors; batches cut out by index.
+
+Under DDP, CIFAR-10 is downloaded once (a lock file per disk), and the ranks check that they
+all loaded the same data.
+"""
+import contextlib
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ddp_scripts.cli import UsageError, first_line, say
+from ddp_scripts.ranks import agree_on_data_source, barrier
+
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2470, 0.2435, 0.2616)
+
+
+class TensorImages(torch.utils.data.Dataset):
+    """Images and labels held as two tensors.
+
+    `__getitems__` lets a DataLoader fetch a whole batch with one indexing operation
+    instead of one call per image; `keep_batch` then passes that batch through as is.
+    """
+
+    def __init__(self, images, labels, source):
+        self.images, self.labels, self.source = images, labels, source
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices):
+        indices = torch.as_tensor(indices)
+        return self.images[indices], self.labels[indices]
+
+
+def keep_batch(batch):
+    """collate_fn for TensorImages: the batch is already two stacked tensors."""
+    return batch
+
+
+def synthetic_cifar(train_samples=50_000, test_samples=10_000, seed=1234):
+    """A learnable stand-in for CIFAR-10: same shapes, ten classes, offline.
+
+    Each class has its own smooth colour pattern; an image is its class's pattern, shifted
+    by up to 8 pixels, scaled, under strong noise. The CNN gets well above chance (10%) in
+    one epoch and keeps improving for several, like on CIFAR-10, and accuracy on the
+    separate test split (other images, same patterns) is meaningful.
+    """
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.randn(10, 3, 4, 4, generator=g)
+    patterns = F.interpolate(coarse, size=(40, 40), mode="bicubic", align_corners=False)
+
+    def make(n, split_seed):
+        g_split = torch.Generator().manual_seed(split_seed)
+        labels = torch.randint(0, 10, (n,), generator=g_split)
+        dx, dy = torch.randint(0, 9, (2, n), generator=g_split)
+        images = _shifted_crops(patterns, labels, dx, dy)
+        # The pattern is faint (a sixth of the noise, or less): CIFAR-like difficulty.
+        scale = (0.3 + 0.7 * torch.rand(n, 1, 1, 1, generator=g_split)) / 6
+        images = scale * images + torch.randn(n, 3, 32, 32, generator=g_split)
+        return images, labels
+
+    return make(train_samples, seed + 1), make(test_samples, seed + 2)
+
+
+def _shifted_crops(patterns, labels, dx, dy):
+    """32x32 windows of each label's 40x40 pattern, starting at (dy, dx), without a loop."""
+    rows = (dy[:, None] + torch.arange(32))[:, None, :, None]    # (n, 1, 32, 1)
+    cols = (dx[:, None] + torch.arange(32))[:, None, None, :]    # (n, 1, 1, 32)
+    channel = torch.arange(3)[None, :, None, None]                # (1, 3, 1, 1)
+    return patterns[labels[:, None, None, None], channel, rows, cols]
+
+
+def cifar10_tensors(data_dir, download):
+    """CIFAR-10 through torchvision, normalised, as tensors. Raises if it cannot be had."""
+    import torchvision  # imported here only: it costs seconds at start-up
+    splits = []
+    for train in (True, False):
+        ds = torchvision.datasets.CIFAR10(root=data_dir, train=train, download=download)
+        images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).float().div_(255)
+        mean = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1)
+        std = torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
+        splits.append(((images - mean) / std, torch.tensor(ds.targets)))
+    return splits
+
+
+def load_datasets(dataset="cifar10", data_dir="data", train_samples=None, test_samples=None,
+                  dtype="float32"):
+    """Train and test sets as TensorImages. CIFAR-10 falls back to synthetic, announced.
+
+    Under DDP every rank must train on the same data: CIFAR-10 is downloaded once, and the
+    ranks compare what they loaded; if it differs (a node that could not get CIFAR-10 while
+    the others did), the run stops with one line on every rank.
+    """
+    reason = None  # why CIFAR-10 could not be had, if it could not
+    if dataset == "cifar10":
+        try:
+            (train, test), source = _cifar10_downloaded_once(data_dir), "cifar10"
+        except Exception as error:  # offline, or a broken download
+            reason = first_line(error)
+            train, test = synthetic_cifar(train_samples or 50_000, test_samples or 10_000)
+            source = "synthetic (fallback)"
+    else:
+        train, test = synthetic_cifar(train_samples or 50_000, test_samples or 10_000)
+        source = "synthetic"
+    agree_on_data_source(source, data_dir)
+    # once per node (by every worker under torchrun --virtual-local-rank, where all are 0)
+    if reason is not None and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        say(f"CIFAR-10 could not be loaded from {data_dir!r} ({reason}); "
+            "using the synthetic CIFAR-shaped data set instead")
+    (x_train, y_train), (x_test, y_test) = train, test
+    if train_samples:
+        x_train, y_train = x_train[:train_samples], y_train[:train_samples]
+    if test_samples:
+        x_test, y_test = x_test[:test_samples], y_test[:test_samples]
+    dtype = getattr(torch, dtype)
+    return (TensorImages(x_train.to(dtype), y_train, source),
+            TensorImages(x_test.to(dtype), y_test, source))
+
+
+def _cifar10_downloaded_once(data_dir):
+    """Rank 0 downloads first, alone. Then every other rank whose disk lacks the files (a
+    node without a shared file system) downloads them, one process at a time per disk (a
+    lock file in data_dir), and the others on that disk find them whole and fetch nothing.
+    The lock, not LOCAL_RANK, decides: under torchrun --virtual-local-rank every worker's
+    LOCAL_RANK is 0. Then every rank reads them.
+
+    Every rank meets the others at both barriers whatever happens in its turn: a rank that
+    left the sequence early would meet the others in another collective, and the run would
+    hang there."""
+    if dist.is_initialized():
+        for my_turn in (dist.get_rank() == 0, dist.get_rank() != 0):
+            try:
+                if my_turn:
+                    with _one_process_at_a_time(Path(data_dir) / ".download.lock"):
+                        cifar10_tensors(data_dir, download=True)  # verifies files it finds
+            except Exception:  # reported below, when reading the files fails too
+                pass
+            finally:
+                barrier()
+    return cifar10_tensors(data_dir, download=not dist.is_initialized())
+
+
+@contextlib.contextmanager
+def _one_process_at_a_time(lock_path):
+    """An exclusive lock on a file (POSIX flock). Where none can be had (Windows, a
+    read-only folder, a file system without flock), no lock, said in one line: the
+    download verifies what it finds, so the lock only saves downloading twice."""
+    lock = None
+    try:
+        import fcntl
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        # read-only, created if missing: an existing lock file in a read-only folder serves
+        lock = os.open(lock_path, os.O_RDONLY | os.O_CREAT, 0o666)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    except ImportError:  # Windows: no flock
+        pass
+    except OSError as error:
+        say(f"no download lock ({first_line(error)}): downloading without one")
+        if lock is not None:
+            os.close(lock)
+            lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            os.close(lock)  # closing the file releases the lock
+
+
+def check_batch_fits(batch_size, train_samples, world_size=None):
+    """A global batch larger than the training set would make every epoch a single step.
+
+    The global batch is batch_size times the number of processes in the group (one without
+    a process group), unless `world_size` says otherwise."""
+    if world_size is None:
+        world_size = dist.get_world_size() if dist.is_initialized() else 1
+    if batch_size * world_size > train_samples:
+        raise UsageError(f"a global batch of {batch_size * world_size} ({world_size} x "
+                         f"--batch-size {batch_size}) is larger than the {train_samples} "
+                         "training images: lower --batch-size")
+
+
+def make_loader(dataset, batch_size, sampler):
+    """A DataLoader over a TensorImages set: one indexing operation per batch."""
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=sampler,
+                                       collate_fn=keep_batch)

@@ -1,0 +1,121 @@
+"""Where a run computes: the device (pick_device), its float32 precision (set_precision), the
+CPU threads (set_cpu_threads), waiting for the GPU before reading a clock (synchronize), and a
+batch too large for the device's memory, said in one line (reported_if_out_of_memory).
+"""
+import os
+
+import torch
+
+from ddp_scripts.cli import UsageError, say
+from ddp_scripts.hardware import usable_cores
+
+
+def pick_device(requested="auto", local_rank=0):
+    """The device this process trains on. 'auto' means CUDA if present, else CPU.
+
+    Process `local_rank` of a node takes GPU `local_rank`. A cluster that starts one task
+    per GPU itself (srun, no torchrun) shows each a single GPU, as cuda:0: with one GPU
+    visible, a process of a later local rank takes it when the scheduler chose it
+    (CUDA_VISIBLE_DEVICES is set). Under torchrun (TORCHELASTIC_RUN_ID is set) every worker
+    of a node sees the same GPUs, so there, and on a machine with one GPU, a later local
+    rank than there are GPUs is an error: two processes cannot share one GPU under nccl.
+    """
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda asked for, but this machine has no usable CUDA GPU "
+                             "(use --device cpu or --device auto)")
+        visible = torch.cuda.device_count()
+        bound_by_scheduler = (os.environ.get("CUDA_VISIBLE_DEVICES")
+                              and "TORCHELASTIC_RUN_ID" not in os.environ)
+        if visible == 1 and local_rank > 0 and bound_by_scheduler:
+            return torch.device("cuda", 0)  # the one GPU the scheduler bound to this process
+        if local_rank >= visible:
+            raise UsageError(f"local rank {local_rank} needs GPU {local_rank}, but only "
+                             f"{visible} GPU(s) are visible: start at most {visible} "
+                             "processes per node, or use --device cpu")
+        return torch.device("cuda", local_rank)
+    if requested == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise UsageError("--device mps asked for, but Apple's MPS backend is not available here")
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def say_device(device, requested, world_size=1, gpus=0):
+    """Say once (rank 0) where the run trains; louder when --device auto found no GPU
+    although this PyTorch is built for CUDA (a driver, or CUDA_VISIBLE_DEVICES, hides it)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    where = str(device)
+    if device.type == "cuda":
+        where += f" ({torch.cuda.get_device_name(device)})"
+        if world_size == 1 and gpus > 1:  # DataParallel
+            where += f" and {gpus - 1} more GPU(s)"
+    if world_size > 1:
+        where += f", one of {world_size} processes"
+    if device.type == "cpu" and requested == "auto" and torch.version.cuda:
+        say(f"notice: training on {where}: --device auto found no usable GPU, although this "
+            f"PyTorch is built for CUDA {torch.version.cuda} (no GPU, no driver, or "
+            "CUDA_VISIBLE_DEVICES hides them)")
+    else:
+        say(f"training on {where}")
+
+
+def require_gpus_for_data_parallel(device):
+    """nn.DataParallel scatters batches over CUDA GPUs; on anything else it does nothing."""
+    if device.type != "cuda":
+        raise UsageError(f"DataParallel needs CUDA GPUs, and this run is on {device.type}: "
+                         "use train_single.py, or --device cuda on a machine with GPUs")
+
+
+def set_precision(tf32=False):
+    """TF32: on Ampere and newer GPUs, PyTorch runs float32 convolutions (cuDNN) with 10-bit
+    mantissas by default (torch.backends.cudnn.conv.fp32_precision is "tf32"), matrix products
+    in full float32. Off (the default here), float32 means float32 everywhere ("ieee"), and a
+    DDP run matches a single-process run as closely on a GPU as on a CPU; --tf32 trades that
+    for speed. Only the fp32_precision settings are used: PyTorch refuses to read a mix of
+    them and of the legacy allow_tf32 flags."""
+    precision = "tf32" if tf32 else "ieee"
+    torch.backends.cuda.matmul.fp32_precision = precision
+    torch.backends.cudnn.conv.fp32_precision = precision
+
+
+def set_cpu_threads(threads=None, processes_per_node=None):
+    """Split the cores this process may use between the processes of its node: torchrun's
+    LOCAL_WORLD_SIZE of them (1 without torchrun), unless `processes_per_node` is given.
+
+    The cores it may use, not all of the machine's: a Slurm job or a container may pin it
+    to fewer, or cap its CPU time (hardware.usable_cores), and counting all of them
+    oversubscribes."""
+    if processes_per_node is None:
+        processes_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    threads = threads or max(1, usable_cores() // processes_per_node)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def synchronize(device):
+    """Wait for queued GPU work, so that a clock read afterwards measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+class reported_if_out_of_memory:
+    """Around forward and backward: a batch too large for the device's memory becomes
+    one line that says what to do, instead of a page of CUDA traceback."""
+
+    def __init__(self, batch_size, device):
+        self.batch_size, self.device = batch_size, device
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if kind is not None and issubclass(kind, torch.OutOfMemoryError):
+            raise UsageError(f"a batch of {self.batch_size} images does not fit in the memory "
+                             f"of {self.device}: lower --batch-size") from None
+        return False

@@ -1,0 +1,65 @@
+"""The models the scripts train, built alike in every process (build_model), and their test.
+
+cnn is the CNN of PyTorch's CIFAR-10 tutorial (Net); resnet18 is ResNet-18 as CIFAR-10 papers
+use it. evaluate() sums the loss and the correct predictions over a test loader.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Net(nn.Module):
+    """The CNN of PyTorch's CIFAR-10 tutorial, which the source article trains."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 5)
+        self.pool = nn.MaxPool2d(2, 2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = self.pool(F.relu(self.conv1(x)))
+        x = self.pool(F.relu(self.conv2(x)))
+        x = torch.flatten(x, 1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+def build_model(name="cnn", seed=0, dtype=torch.float32):
+    """The same seed gives the same initial weights in every process."""
+    torch.manual_seed(seed)
+    if name == "cnn":
+        model = Net()
+    else:
+        model = cifar_resnet18()
+    return model.to(dtype)
+
+
+def cifar_resnet18():
+    """ResNet-18 as CIFAR-10 papers use it: torchvision's network with a 3x3 stride-1 stem and
+    no max-pool. torchvision's ImageNet stem (7x7 stride-2 convolution, then a stride-2
+    max-pool) would shrink a 32x32 image to 8x8 before the first block and to 1x1 at the end."""
+    import torchvision  # imported only here: it costs seconds at start-up
+    model = torchvision.models.resnet18(num_classes=10)
+    model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision's
+    model.maxpool = nn.Identity()
+    return model
+
+
+@torch.no_grad()
+def evaluate(model, loader, device):
+    """Returns (sum of losses, correct predictions, samples) as a tensor on `device`."""
+    model.eval()
+    totals = torch.zeros(3, device=device, dtype=torch.float64)
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+        outputs = model(images)
+        totals[0] += F.cross_entropy(outputs, labels, reduction="sum")
+        totals[1] += (outputs.argmax(1) == labels).sum()
+        totals[2] += len(labels)
+    return totals

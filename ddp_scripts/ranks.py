@@ -1,0 +1,137 @@
+"""Between ranks: everything here is a collective (every rank must call it) or a no-op
+without a process group, so that train_single.py can call the same functions.
+"""
+import datetime
+import math
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ddp_scripts.cli import RunStopped, UsageError
+
+
+def backend_for(device):
+    """nccl talks GPU to GPU; gloo works on CPUs (and is the only choice without a GPU)."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def require_torchrun(script):
+    """The DDP scripts learn their rank from torchrun's variables: say so if they are missing.
+    `script`: the script's name or path (its __file__)."""
+    if "LOCAL_RANK" not in os.environ:
+        raise UsageError("LOCAL_RANK is not set: start this script with torchrun, e.g. "
+                         f"torchrun --standalone --nproc_per_node 2 ddp_scripts/{Path(script).name} ...")
+
+
+def init_process_group(device, timeout_s):
+    """Join the group torchrun set up (MASTER_ADDR, RANK, WORLD_SIZE in the environment).
+    On a GPU the group is bound to this process's device (device_id), so that nccl's
+    collectives, barriers included, run on it and on no other."""
+    if device.type == "mps":
+        raise UsageError("MPS runs one process only: use train_single.py --device mps")
+    dist.init_process_group(backend=backend_for(device),
+                            timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=device if device.type == "cuda" else None)
+    check_one_gpu_per_rank(device)
+
+
+def check_one_gpu_per_rank(device):
+    """Two ranks on one GPU: say so in one line. NCCL itself refuses them while
+    init_process_group connects the ranks (device_id binds the group to the GPU, so the
+    connection is made there), unless NCCL_MULTI_RANK_GPU_ENABLE=1 allows it; this check
+    speaks for the case NCCL lets through, where the ranks would contend for one GPU."""
+    if device.type != "cuda" or dist.get_world_size() == 1:
+        return
+    # Over the group just made (nccl, on the GPU torch.cuda.set_device chose): a second
+    # group, of gloo, would need a network interface of its own on every node.
+    uuids = [None] * dist.get_world_size()
+    dist.all_gather_object(uuids, str(torch.cuda.get_device_properties(device).uuid))
+    for rank, uuid in enumerate(uuids):
+        if uuids.index(uuid) != rank:
+            raise UsageError(f"ranks {uuids.index(uuid)} and {rank} were given the same GPU "
+                             f"({uuid}): start one process per GPU")
+
+
+def barrier():
+    """Wait for every rank (a no-op without a process group)."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def on_rank_0(function, *args):
+    """Run function(*args) on rank 0 only; every rank gets its result, or its UsageError.
+
+    For what only rank 0 can decide. OUT is on rank 0's disk: on several nodes without a
+    shared file system the others cannot see it, and each deciding alone would start some
+    ranks at epoch 1 while rank 0 resumes, to hang at the first all-reduce.
+    """
+    if not dist.is_initialized():
+        return function(*args)
+    answer = [None]
+    if dist.get_rank() == 0:
+        try:
+            answer = [(True, function(*args))]
+        except UsageError as error:
+            answer = [(False, str(error))]
+    dist.broadcast_object_list(answer, src=0)
+    succeeded, value = answer[0]
+    if not succeeded:
+        raise UsageError(value)
+    return value
+
+
+def agree_on_data_source(source, data_dir):
+    """Stop, on every rank, unless every rank loaded the same data set."""
+    if not dist.is_initialized():
+        return
+    sources = [None] * dist.get_world_size()
+    dist.all_gather_object(sources, source)
+    if len(set(sources)) > 1:
+        odd = [rank for rank, other in enumerate(sources) if other != sources[0]]
+        raise UsageError(f"the ranks loaded different data: rank 0 {sources[0]!r}, ranks {odd} "
+                         f"{sources[odd[0]]!r}; put CIFAR-10 in {data_dir!r} on every node "
+                         "(or use a shared file system), or pass --dataset synthetic")
+
+
+def stop_if_loss_not_finite(train_totals, epoch):
+    """After an epoch's training, before anything of it is saved: if the loss became nan or
+    inf, stop the run on every rank, with one line that names the epoch and the step.
+
+    train_one_epoch keeps its totals on the device: (sum of losses, samples, steps before
+    that sum stopped being finite). A check at every step would need the CPU to read the
+    loss (.item()), and wait for the GPU, at every step; here the device counts the steps
+    and the CPU reads one number per epoch. The epoch runs to its end, and the checkpoint
+    of the last good epoch stays. The ranks' losses differ (each its own batches), so they
+    agree on the earliest step over all ranks: one all_reduce of one number per epoch."""
+    first_bad_step = (train_totals[2] + 1).where(~train_totals[0].isfinite(), math.inf)
+    first_bad_step = first_bad_step.reshape(1)
+    if dist.is_initialized():
+        dist.all_reduce(first_bad_step, op=dist.ReduceOp.MIN)
+    step = first_bad_step.item()
+    if math.isfinite(step):
+        raise RunStopped(f"the loss became nan or inf at epoch {epoch}, step {step:.0f}: lower "
+                         f"--lr (nothing of epoch {epoch} was saved: the checkpoint, if there "
+                         "is one, holds the epoch before)")
+
+
+def reduce_sum(totals):
+    """Add a tensor of totals over all ranks (a no-op without a process group)."""
+    if dist.is_initialized():
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+    return totals
+
+
+def average_buffers(model):
+    """Average BatchNorm's running statistics over the ranks (a no-op without a group).
+
+    DDP copies rank 0's buffers to every rank before each forward pass, but each rank then
+    updates them on its own batch: after the last step the ranks hold different statistics.
+    Averaged, every rank evaluates, and rank 0 saves, the same model."""
+    if not dist.is_initialized():
+        return
+    for buffer in model.buffers():
+        if buffer.is_floating_point():
+            dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+            buffer /= dist.get_world_size()
