@@ -20,7 +20,6 @@ if not __package__:  # run as a file, not imported: find ddp_scripts as notebook
 
 import psutil
 
-from ddp_scripts import run_records
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, logged_epochs
 
 
@@ -67,18 +66,7 @@ class RankKiller(threading.Thread):
         self.killed_pid = self.killed_at = self.epochs_at_kill = None
         self.recovered_at = None
 
-    def start(self):
-        # The run it waits for must really run: a build of the book never replays it.
-        run_records.WATCHED.add(self.out.resolve())
-        super().start()
-
     def run(self):
-        try:
-            self._watch()
-        finally:
-            run_records.WATCHED.discard(self.out.resolve())
-
-    def _watch(self):
         deadline = time.monotonic() + self.give_up_s
         while time.monotonic() < deadline and self.killed_pid is None:
             if saved_epoch_done(self.out, self.after_epoch):
