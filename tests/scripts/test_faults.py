@@ -233,7 +233,7 @@ def test_a_download_lock_that_cannot_be_had_does_not_split_the_ranks(tmp_path, m
     lines = []
     run_script("train_ddp.py", nproc=2, out=tmp_path / "run", timeout=240, progress=False,
                echo=lines.append, **dict(RUN, dataset="cifar10", data_dir=data, epochs=1,
-                                         train_samples=256, test_samples=64, timeout_s=30))
+                                         train_samples=256, test_samples=64, timeout_s=90))
     for rank in (0, 1):
         said = [line for line in lines if line.startswith(f"[rank {rank}] no download lock (")]
         assert len(said) == 1 and "Is a directory" in said[0], "\n".join(lines)
