@@ -34,7 +34,6 @@ repeat: wall time, start-up and training time, every epoch's time, samples/s ove
 after the first (the first is warm-up), final test accuracy; their medians and spread; and
 once, the hardware: CPU, GPUs, how the GPUs are connected (nvidia-smi topo -m), torch, CUDA.
 """
-import argparse
 import datetime
 import json
 import os
@@ -51,7 +50,7 @@ from ddp_scripts.cli import UsageError, first_line, run_cli
 from ddp_scripts.data import cifar10_tensors
 from ddp_scripts.hardware import describe_hardware
 from ddp_scripts.launcher import LaunchError, as_cli, read_metrics, run_command, torchrun_command
-from ddp_scripts.options import check_at_least_one
+from ddp_scripts.options import ArgumentParser, check_at_least_one, count, seconds, seed_number
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -517,7 +516,7 @@ def parse_configs(text):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=sorted(SIZES), default="smoke",
                    help="smoke: seconds, synthetic data; full: all of CIFAR-10, several epochs")
     p.add_argument("--configs", default="all",
@@ -528,25 +527,25 @@ def build_parser():
                         "(default: runs/benchmark/<name of --out>)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing results file and the runs it came from")
-    p.add_argument("--epochs", type=int, default=None, help="override the size's epochs")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--epochs", type=count, default=None, help="override the size's epochs")
+    p.add_argument("--batch-size", type=count, default=None,
                    help="the global batch, held fixed across configurations")
     p.add_argument("--dataset", choices=["cifar10", "synthetic"], default=None)
-    p.add_argument("--train-samples", type=int, default=None)
-    p.add_argument("--test-samples", type=int, default=None)
+    p.add_argument("--train-samples", type=count, default=None)
+    p.add_argument("--test-samples", type=count, default=None)
     p.add_argument("--model", choices=["cnn", "resnet18"], default=None,
                    help="cnn: the tutorial CNN; resnet18: ResNet-18 as CIFAR-10 papers use it "
                         "(3x3 stride-1 stem, no max-pool)")
     p.add_argument("--tuned", action="store_true",
                    help="also run cpu, gpu and ddp with their fastest settings (chapter 10): "
                         "the rows cpu-tuned, gpu-tuned and ddp-tuned")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_number, default=0)
     p.add_argument("--data-dir", default=str(ROOT / "data"))
-    p.add_argument("--cpu-processes", type=int, default=2,
+    p.add_argument("--cpu-processes", type=count, default=2,
                    help="DDP processes on a machine without a GPU (gloo)")
-    p.add_argument("--repeats", type=int, default=None,
+    p.add_argument("--repeats", type=count, default=None,
                    help="runs of each configuration, interleaved (default: the size's)")
-    p.add_argument("--timeout-s", type=float, default=None, help="per configuration and run")
+    p.add_argument("--timeout-s", type=seconds, default=None, help="per configuration and run")
     return p
 
 

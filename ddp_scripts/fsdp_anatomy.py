@@ -29,7 +29,6 @@ many bytes of weights are whole between forward and backward, and the most held 
 Rank 0 writes OUT/anatomy.json. Every rank also saves its FSDP model the classic wrong way,
 torch.save(model.state_dict()), to OUT/state_dict_rank<N>.pt, for the chapter to load.
 """
-import argparse
 import json
 import sys
 import types
@@ -50,6 +49,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ddp_scripts import sharding
+from ddp_scripts.cli import run_cli
+from ddp_scripts.options import ArgumentParser, count
 from ddp_scripts.sharding import WideMLP, local_bytes
 
 SETUPS = ["ddp", "fsdp", "fsdp-keep", "fsdp-bf16", "fsdp-one-unit"]
@@ -251,11 +252,11 @@ def initial(width, depth):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=8, help="per rank")
+    parser.add_argument("--width", type=count, default=256)
+    parser.add_argument("--depth", type=count, default=4)
+    parser.add_argument("--batch-size", type=count, default=8, help="per rank")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -279,4 +280,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -23,7 +23,6 @@ autotuner stays as the scripts leave it (off), so the scripts' path rows are the
 Each model is measured in float32 and with bf16 + channels_last, on both paths, so the table
 shows what the precision and the layout gain with and without the launches.
 """
-import argparse
 import datetime as dt
 import json
 import os
@@ -130,11 +129,17 @@ def scripts_path(model_name, batch, max_steps, dataset, torch):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from ddp_scripts.cli import UsageError
+    from ddp_scripts.options import ArgumentParser, count
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="the folder for micro.txt and micro.json")
-    parser.add_argument("--train-samples", type=int, default=50_000)
+    parser.add_argument("--train-samples", type=count, default=50_000)
     parser.add_argument("--commit", default="unknown", help="the commit this run measured")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as error:   # one line, as every script says bad input
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     import torch
     if not torch.cuda.is_available():
         print("error: gpu_micro.py measures a CUDA GPU, and this machine has none", file=sys.stderr)

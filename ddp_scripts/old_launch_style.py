@@ -12,7 +12,6 @@ world_size * (world_size + 1) / 2 when all of them joined. The init file must no
 before the processes start (the processes coordinate through it). Today's way is torchrun,
 which sets LOCAL_RANK, RANK and WORLD_SIZE, and init_method='env://' (see train_ddp.py).
 """
-import argparse
 import datetime
 import os
 import sys
@@ -25,19 +24,20 @@ import torch
 import torch.distributed as dist
 
 from ddp_scripts.cli import UsageError, run_cli
+from ddp_scripts.options import ArgumentParser, count, non_negative_int, seconds
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     # The article's option. torch.distributed.launch passes --local-rank=N since torch 2.0,
     # which an underscore-only parser rejects; accept both spellings.
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=0,
+    parser.add_argument("--local_rank", "--local-rank", type=non_negative_int, default=0,
                         help="which GPU of this machine (not used here: gloo, CPU tensors)")
-    parser.add_argument("--rank", type=int, required=True, help="this process: 0 .. world size - 1")
-    parser.add_argument("--world-size", type=int, required=True, help="how many processes join")
+    parser.add_argument("--rank", type=non_negative_int, required=True, help="this process: 0 .. world size - 1")
+    parser.add_argument("--world-size", type=count, required=True, help="how many processes join")
     parser.add_argument("--init-file", required=True,
                         help="a path every process can reach; it must not exist yet")
-    parser.add_argument("--timeout-s", type=float, default=60,
+    parser.add_argument("--timeout-s", type=seconds, default=60,
                         help="how long to wait for the other processes")
     args = parser.parse_args()
     if args.world_size < 1 or not 0 <= args.rank < args.world_size:

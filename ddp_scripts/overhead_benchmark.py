@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from ddp_scripts.cli import UsageError, run_cli  # noqa: E402
 from ddp_scripts.data import synthetic_cifar  # noqa: E402
 from ddp_scripts.models import build_model  # noqa: E402
+from ddp_scripts.options import ArgumentParser, count  # noqa: E402
 from ddp_scripts.hardware import describe_hardware  # noqa: E402
 from ddp_scripts.launcher import (free_port, run_command, run_script,  # noqa: E402
                                   torchrun_command)
@@ -135,15 +136,15 @@ def training_speeds(samples, batch_size, threads, epochs, repeats, work):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="results file (JSON) to write")
-    parser.add_argument("--samples", type=int, default=8192)
+    parser.add_argument("--samples", type=count, default=8192)
     parser.add_argument("--batch-sizes", default="32,128",
                         help="comma-separated batch sizes to measure the speed at")
-    parser.add_argument("--epochs", type=int, default=4, help="per run; the first is left out")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=count, default=4, help="per run; the first is left out")
+    parser.add_argument("--repeats", type=count, default=3)
     parser.add_argument("--overwrite", action="store_true")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+    parser.add_argument("--threads", type=count, default=torch.get_num_threads(),
                         help="torch CPU threads of every training (default: all cores)")
     # One bare loop in this process, its samples/s printed: how the main run measures it.
     parser.add_argument("--bare-loop", action="store_true", help=argparse.SUPPRESS)
