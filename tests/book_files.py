@@ -2,7 +2,6 @@
 
 Shared by the tests of the sources and tools (tests/book/) and of the built book (tests/site/).
 """
-import json
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -48,17 +47,10 @@ def toc_entries():
 
 def chapters():
     """[(notebook path, chapter number)] for the notebooks in the table of contents."""
-    return [(ROOT / (entry + ".ipynb"), number) for entry, number in toc_entries()
-            if entry.startswith("notebooks/")]
+    return sources.chapters(ROOT)
 
 
-def load_notebook(path):
-    return json.loads(Path(path).read_text())
-
-
-def cell_source(cell):
-    source = cell.get("source", "")
-    return "".join(source) if isinstance(source, list) else source
+load_notebook, cell_source = sources.load_notebook, sources.cell_source
 
 
 def first_code_cell(notebook):
