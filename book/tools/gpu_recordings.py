@@ -163,12 +163,22 @@ def box(run, entry, current_hash, multi_gpu, language="en", name=""):
             *map(page_output, entry["outputs"])], stale
 
 
+def added_cell(cell):
+    """A cell that annotate added below a figure for its recordings."""
+    outputs = cell.get("outputs", [])
+    return (str(cell.get("id", "")).endswith("-gpu") and bool(outputs)
+            and all(MARKER in o.get("metadata", {}) for o in outputs))
+
+
 def annotate(notebook, name, recordings, language="en"):
     """Give every gpu-output cell its recordings' boxes, in place, replacing any added before; returns
     the stale lines."""
     stale_lines = []
+    notebook["cells"] = [cell for cell in notebook["cells"] if not added_cell(cell)]
     for cell in gpu_cells(notebook):
         outputs = [o for o in cell.get("outputs", []) if MARKER not in o.get("metadata", {})]
+        figure = "figure" in cell.get("metadata", {}).get("mystnb", {})
+        mine = len(outputs)
         multi_gpu = MULTI_GPU_TAG in tags_of(cell)
         for folder, run, cells in newest_with(recordings, name, cell["id"]):
             entry = cells.get(name, {}).get(cell["id"])
@@ -179,6 +189,14 @@ def annotate(notebook, name, recordings, language="en"):
                 stale_lines.append(f"stale GPU recording: {name} cell {cell['id']} in "
                                    f"results/gpu-runs/{folder.name} ({why})")
         cell["outputs"] = outputs
+        if figure and len(outputs) > mine:
+            # myst-nb puts each display output of a figure cell in that figure: the recorded
+            # figure goes in a cell of its own just below, its box labelling it.
+            cell["outputs"], recorded = outputs[:mine], outputs[mine:]
+            at = notebook["cells"].index(cell) + 1
+            notebook["cells"].insert(at, {"cell_type": "code", "id": f"{cell['id']}-gpu",
+                                          "metadata": {"tags": ["remove-input"]}, "source": "",
+                                          "execution_count": None, "outputs": recorded})
     return stale_lines
 
 

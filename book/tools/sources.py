@@ -336,6 +336,40 @@ def the_instructor_guide_lists_the_chapter_with_its_own_time(root, path, number,
     return []
 
 
+# The figures: a numbered figure is a code cell with metadata mystnb.figure {name, caption} and
+# mystnb.image {alt}; each chapter shows at least this many.
+FIGURES_PER_CHAPTER = 2
+
+
+def figure_options(cell):
+    return cell.get("metadata", {}).get("mystnb", {}) if cell["cell_type"] == "code" else {}
+
+
+@each_chapter
+def figures_are_named_captioned_and_described(root, path, number, notebook):
+    found, names = [], []
+    for index, cell in enumerate(notebook["cells"]):
+        options = figure_options(cell)
+        if "figure" not in options:
+            continue
+        where = f"{name(root, path)}, cell {index} (id {cell.get('id')})"
+        figure = options["figure"]
+        names.append(figure.get("name"))
+        if not re.fullmatch(rf"fig-ch{number:02d}-[a-z0-9-]+", str(figure.get("name"))):
+            found.append(f"{where}: its figure needs a name fig-ch{number:02d}-<what>")
+        if len(str(figure.get("caption", "")).split()) < 4:
+            found.append(f"{where}: its figure needs a caption of a sentence or more")
+        if len(str(options.get("image", {}).get("alt", "")).split()) < 6:
+            found.append(f"{where}: its figure needs alt text (mystnb.image.alt) saying what "
+                         "it shows")
+    if len(names) != len(set(names)):
+        found.append(f"{name(root, path)}: two figures have one name")
+    if len(names) < FIGURES_PER_CHAPTER:
+        found.append(f"{name(root, path)}: {len(names)} numbered figure(s); each chapter shows "
+                     f"at least {FIGURES_PER_CHAPTER}")
+    return found
+
+
 # --- the repository's address -------------------------------------------------------------------
 
 @check

@@ -7,7 +7,9 @@
 notebooks/NN_x.ipynb has notebooks/zh/NN_x.ipynb: the English cells in the same order, with
 the same ids, the code character for character (`sync` copies it), and in each prose cell's
 metadata {"translation": {"en": SHA}}, the first 12 hex digits of the SHA-256 of the English
-cell's source. book/x.md has book/zh/x.md: the English fenced code blocks as they are, and a
+cell's source; a code cell that draws a numbered figure keeps its own caption and alt text
+(metadata mystnb.figure, mystnb.image), marked the same way with the hash of the English ones.
+book/x.md has book/zh/x.md: the English fenced code blocks as they are, and a
 line `% en: SHA` before each section (a heading and what follows, up to the next heading).
 When English prose changes, `check` names its Chinese passage, out of date, until `accept`.
 """
@@ -99,12 +101,33 @@ def notebook_passages(english_path, chinese_path, name):
         zh, label = by_id.get(cell["id"]), f"cell {number} (id {cell['id']})"
         if zh is None or zh["cell_type"] != cell["cell_type"]:
             continue   # reported above
+        mark = zh.get("metadata", {}).get("translation", {}).get("en")
         if cell["cell_type"] != "code":
-            mark = zh.get("metadata", {}).get("translation", {}).get("en")
             passages.append(Passage(cell["id"], label, cell.source, zh.source, mark, 1))
-        elif zh.source != cell.source:
+            continue
+        if zh.source != cell.source:
             found.append(f"{name}, {label}: code differs from the English cell ({SYNC})")
+        if figure_text(cell) is not None:
+            if figure_name(zh) != figure_name(cell):
+                found.append(f"{name}, {label}: its figure is named {figure_name(zh)!r}, the "
+                             f"English one {figure_name(cell)!r}")
+            passages.append(Passage(cell["id"], f"figure caption of {label}", figure_text(cell),
+                                    figure_text(zh) or "", mark, 1))
     return found, passages
+
+
+def figure_text(cell):
+    """A figure cell's caption and alt text (metadata mystnb.figure.caption and mystnb.image.alt),
+    as one text to translate; None for a cell that draws no numbered figure."""
+    options = cell.get("metadata", {}).get("mystnb", {})
+    caption = options.get("figure", {}).get("caption")
+    if caption is None:
+        return None
+    return f"{caption}\n\n{options.get('image', {}).get('alt', '')}"
+
+
+def figure_name(cell):
+    return cell.get("metadata", {}).get("mystnb", {}).get("figure", {}).get("name")
 
 
 def sync_notebook(english_path, chinese_path):
@@ -116,11 +139,16 @@ def sync_notebook(english_path, chinese_path):
     cells = []
     for cell in english["cells"]:
         zh = by_id.get(cell["id"])
+        kept = zh is not None and zh["cell_type"] == cell["cell_type"]
+        translation = zh.get("metadata", {}).get("translation", {}) if kept else {"en": "new"}
         if cell["cell_type"] != "code":
-            kept = zh is not None and zh["cell_type"] == cell["cell_type"]
-            translation = zh.get("metadata", {}).get("translation", {}) if kept else {"en": "new"}
             cell = {**(zh if kept else cell),
                     "metadata": {**cell.get("metadata", {}), "translation": translation}}
+        elif figure_text(cell) is not None:   # the code is English; the caption keeps its translation
+            translated = zh.get("metadata", {}).get("mystnb") if kept and figure_text(zh) else None
+            mystnb = translated or cell["metadata"]["mystnb"]
+            cell = {**cell, "metadata": {**cell["metadata"], "mystnb": mystnb,
+                                         "translation": translation if translated else {"en": "new"}}}
         cells.append(cell)
     write(chinese_path, {**english, "cells": cells})
 
@@ -281,7 +309,8 @@ def english_history(english_path, passages):
         if version.returncode:
             continue
         texts = (sections(version.stdout) if english_path.suffix == ".md"
-                 else ["".join(cell["source"]) for cell in json.loads(version.stdout)["cells"]])
+                 else [figure_text(cell) or "" if cell["cell_type"] == "code" else
+                       "".join(cell["source"]) for cell in json.loads(version.stdout)["cells"]])
         for text in texts:
             old.setdefault(sha(text), (f"commit {commit[:10]}", text))
         if all(p.mark in old for p in stale):

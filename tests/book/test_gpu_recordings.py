@@ -245,3 +245,21 @@ def test_display_tags_follow_the_committed_notebook(tmp_path):
     ids = [c["id"] for c in gpu_recordings.gpu_cells(load_notebook(committed))]
     assert [c["id"] for c in gpu_recordings.gpu_cells(notebook)] == ids and ids
 
+
+
+def test_a_recorded_figure_gets_a_cell_of_its_own_below_the_numbered_one():
+    """myst-nb puts every display output of a cell with mystnb.figure in that figure: the
+    recorded image beside the build's would give two figures one name."""
+    notebook, recording = chapter_two_with_recording()
+    cell = next(c for c in notebook["cells"] if c.get("id") == "ch02-31")
+    cell["metadata"]["mystnb"] = {"figure": {"caption": "A figure.", "name": "fig-t"}}
+    own = [stream("built here\n"), {"output_type": "display_data", "metadata": {},
+                                    "data": {"image/png": "iVBOR", "text/plain": "<Figure>"}}]
+    cell["outputs"] = copy.deepcopy(own)
+    gpu_recordings.annotate(notebook, "02_tensors_and_models.ipynb", [recording])
+    assert cell["outputs"] == own
+    below = notebook["cells"][notebook["cells"].index(cell) + 1]
+    assert below["id"] == "ch02-31-gpu" and "mystnb" not in below["metadata"]
+    assert added_boxes(below) and added_outputs(below)
+    gpu_recordings.annotate(notebook, "02_tensors_and_models.ipynb", [recording])   # again
+    assert [c["id"] for c in notebook["cells"]].count("ch02-31-gpu") == 1

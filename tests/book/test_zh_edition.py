@@ -363,3 +363,30 @@ def test_both_editions_have_the_same_words_with_the_same_placeholders():
     assert english.keys() == chinese.keys()
     for key in english:
         assert re.findall(r"\{\w+", english[key]) == re.findall(r"\{\w+", chinese[key]), key
+
+
+def test_a_figure_caption_is_translated_kept_by_sync_and_caught_when_the_english_changes(copies):
+    english, chinese, _, _ = copies
+    before = problems_of(english, chinese)
+    notebook = json.loads(english.read_text())
+    code = next(cell for cell in notebook["cells"] if cell["cell_type"] == "code")
+    code["metadata"]["mystnb"] = {"figure": {"caption": "Each rank's share.", "name": "fig-x"},
+                                  "image": {"alt": "Two bars."}}
+    english.write_text(json.dumps(notebook))
+    translations.sync_notebook(english, chinese)
+    new = [p for p in problems_of(english, chinese) if p not in before]
+    assert len(new) == 1 and "figure caption of cell" in new[0] and "not translated yet" in new[0]
+    zh = json.loads(chinese.read_text())
+    twin = next(cell for cell in zh["cells"] if cell["id"] == code["id"])
+    twin["metadata"]["mystnb"] = {"figure": {"caption": "每个进程的一份。", "name": "fig-x"},
+                                  "image": {"alt": "两根柱子。"}}
+    chinese.write_text(json.dumps(zh))
+    translations.accept(english, chinese, [code["id"]])
+    assert problems_of(english, chinese) == before
+    translations.sync_notebook(english, chinese)   # sync keeps the translated caption
+    kept = next(c for c in json.loads(chinese.read_text())["cells"] if c["id"] == code["id"])
+    assert kept["metadata"]["mystnb"]["figure"]["caption"] == "每个进程的一份。"
+    code["metadata"]["mystnb"]["figure"]["caption"] = "Each rank's share, after the all-reduce."
+    english.write_text(json.dumps(notebook))
+    new = [p for p in problems_of(english, chinese) if p not in before]
+    assert len(new) == 1 and "out of date" in new[0] and "每个进程的一份" in new[0], new
