@@ -84,3 +84,20 @@ def data_notice(dataset):
         "!! set's, not CIFAR-10's. To use CIFAR-10 without a download, put",
         "!! cifar-10-python.tar.gz into the data/ folder and run the cell again.",
         rule])
+
+
+def show_code(text, language="python"):
+    """Code as the page highlights it (a fenced block: Jupyter, Colab and the site all render it),
+    not as printed text."""
+    from IPython.display import Markdown, display
+    fence = "`" * max(3, 1 + max((len(run) for run in text.split() if set(run) == {"`"}), default=0))
+    display(Markdown(f"{fence}{language}\n{text.rstrip()}\n{fence}"))
+
+
+def show_diff(parent, child, parent_name, child_name):
+    """The lines child changes from parent (lists of lines), highlighted as a diff; returns the
+    diff's lines without its two header lines (what the chapter counts)."""
+    import difflib
+    diff = list(difflib.unified_diff(parent, child, parent_name, child_name, n=0, lineterm=""))
+    show_code("\n".join(diff), "diff")
+    return diff[2:]

@@ -53,3 +53,14 @@ def test_an_animation_is_self_contained_html():
     assert html.count("data:image/png;base64") == 3
     assert "http://" not in html.replace("http://www.w3.org", "")
     assert "https://" not in html
+
+
+def test_code_is_shown_as_a_fenced_block_the_page_highlights(monkeypatch):
+    from IPython import display as ipython_display
+    from notebooks import chapter_tools
+    shown = []
+    monkeypatch.setattr(ipython_display, "display", shown.append)
+    changed = chapter_tools.show_diff(["a = 1", "b = 2"], ["a = 1", "b = 3"], "old.py", "new.py")
+    assert [line for line in changed if not line.startswith("@@")] == ["-b = 2", "+b = 3"]
+    text = shown[0].data
+    assert text.startswith("```diff\n--- old.py\n+++ new.py\n") and text.endswith("\n```")
