@@ -195,10 +195,13 @@ def test_a_translation_that_drops_a_link_or_a_heading_is_caught(copies):
     "`DataParallel`（DP）和 DDP 都属于数据并行。",
     "训练两轮（epoch），每轮调用 `sampler.set_epoch(epoch)`，即 `--epochs 2`。",
     "DDP 的 all-reduce（全归约）与反向传播重叠。",
-    "每个进程 256 / 4 = 64 张图像，全局批次 4 × 256。",
+    "每个进程 256 / 4 = 64 张图像，全局批量 4 × 256。",
     "见 {term}`rank（进程序号） <rank>`，[链接](https://example.com/世界/内核)。",
     "> 其中rank是主機的編號，world_size表示分布式主機的個數。",
     "```python\n# 内核 epoch 世界\nprint('进程 0')\n```",
+    "运行下一个代码单元格；FSDP 在这个单元运行之前收集它的权重。",
+    "CUDA Graph 录制一次，之后每步重放。",
+    "在有张量核心（Tensor Core）的 GPU 上更快。",
 ])
 def test_the_edition_s_terms_pass_where_they_are_used_as_chosen(text):
     assert translations.term_hits(text) == []
@@ -216,7 +219,12 @@ def test_the_edition_s_terms_pass_where_they_are_used_as_chosen(text):
     ("训练两个 epoch。", "epoch"),
     ("见 {term}`全归约 <all-reduce>`。", "全归约"),
     ("**学习目标。** 学完本章后，你能够", "学完本章"),
-    ("全局批次是 4 x 256。", " x "),
+    ("全局批量是 4 x 256。", " x "),
+    ("全局批次是 4 × 256。", "全局批次"),
+    ("批次大小为 32。", "批次大小"),
+    ("在有 tensor core 的 GPU 上更快。", "tensor core"),
+    ("运行下一个代码单元。", "代码单元"),
+    ("下面是在 H200 上录制的输出。", "录制"),
 ])
 def test_a_variant_of_the_edition_s_terms_is_named(text, variant):
     assert [hit[1] for hit in translations.term_hits(text)] == [variant]
