@@ -9,7 +9,8 @@ the same ids, the code character for character (`sync` copies it), and in each p
 metadata {"translation": {"en": SHA}}, the first 12 hex digits of the SHA-256 of the English
 cell's source; a code cell that draws a numbered figure keeps its own caption and alt text
 (metadata mystnb.figure, mystnb.image), marked the same way with the hash of the English ones.
-book/x.md has book/zh/x.md: the English fenced code blocks as they are, and a
+book/x.md has book/zh/x.md: the English fenced code blocks as they are (their comments, from
+# to the end of a line, may be translated: a line for a line), and a
 line `% en: SHA` before each section (a heading and what follows, up to the next heading).
 When English prose changes, `check` names its Chinese passage, out of date, until `accept`.
 """
@@ -194,6 +195,20 @@ def code_lines(text):
     return [line for line, kind in scan(text) if kind in ("code", "code-fence")]
 
 
+def without_comment(line):
+    """A code line with its comment (# to the end of the line, outside quotes, at the start or
+    after a space) set aside, and the spaces before it: the Chinese page may translate it."""
+    quote = None
+    for index, char in enumerate(line):
+        if quote:
+            quote = None if char == quote and line[index - 1] != "\\" else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index].rstrip()
+    return line
+
+
 def page_passages(english_path, chinese_path, name):
     """(what is out of step in a Chinese page's sections and code, its sections)."""
     english_text = english_path.read_text(encoding="utf-8")
@@ -206,7 +221,8 @@ def page_passages(english_path, chinese_path, name):
     if len(marked) != len(english):
         found.append(f"{name}: {len(marked)} marked sections for the English page's "
                      f"{len(english)} (a `% en: SHA` line before each)")
-    if code_lines(chinese_text) != code_lines(english_text):
+    if ([without_comment(line) for line in code_lines(chinese_text)]
+            != [without_comment(line) for line in code_lines(english_text)]):
         found.append(f"{name}: its code blocks differ from the English page's")
     return found, [Passage(str(number), f"section {number}", section, zh, mark, first)
                    for number, (section, (mark, zh, first)) in enumerate(zip(english, marked), 1)]

@@ -398,3 +398,36 @@ def test_a_figure_caption_is_translated_kept_by_sync_and_caught_when_the_english
     english.write_text(json.dumps(notebook))
     new = [p for p in problems_of(english, chinese) if p not in before]
     assert len(new) == 1 and "out of date" in new[0] and "每个进程的一份" in new[0], new
+
+
+# --- a page's code comments may be in Chinese; its code may not differ ----------------------
+
+@pytest.mark.parametrize("line, code", [
+    ("x = 1   # one", "x = 1"),
+    ("# a whole line", ""),
+    ('print("# not a comment")  # a comment', 'print("# not a comment")'),
+    ("url = 'https://example.org/#anchor'", "url = 'https://example.org/#anchor'"),
+    ("echo ${#PATH}", "echo ${#PATH}"),
+])
+def test_a_code_line_without_its_comment(line, code):
+    assert translations.without_comment(line) == code
+
+
+def test_a_page_s_code_comment_in_chinese_passes_and_changed_code_is_still_caught(copies):
+    _, _, english, chinese = copies
+    before = problems_of(english, chinese)
+    text = chinese.read_text()
+    lines = text.split("\n")
+    kinds = [kind for _, kind in translations.scan(text)]
+    number = next(n for n, kind in enumerate(kinds) if kind == "code" and lines[n].strip())
+    code = lines[number]
+    lines[number] = code + "   # 中文注释"
+    chinese.write_text("\n".join(lines))
+    assert problems_of(english, chinese) == before
+    lines[number] = code + "x   # 中文注释"
+    chinese.write_text("\n".join(lines))
+    assert any("code blocks differ" in p for p in problems_of(english, chinese))
+    lines[number] = code
+    lines.insert(number, "# 多出来的一行注释")
+    chinese.write_text("\n".join(lines))
+    assert any("code blocks differ" in p for p in problems_of(english, chinese))
