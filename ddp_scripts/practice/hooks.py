@@ -1,0 +1,125 @@
+"""What DDP does during backward, recorded with hooks: the data of chapter 9's figures.
+
+`overlap`: when each gradient became ready (a post-accumulate-grad hook on every parameter)
+and when each bucket's all-reduce was launched and finished (a comm hook that times the
+future it returns), on every rank, in the first step (one bucket) and in later steps (the
+buckets DDP rebuilt in the order the gradients arrived).
+`no_sync_steps`: per micro-batch of gradient accumulation, the all-reduces DDP ran (a
+counting comm hook) and one gradient's value on each rank, with and without no_sync().
+
+    torchrun --nproc-per-node 2 ddp_scripts/practice/hooks.py --out runs/practice
+"""
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_scripts.practice.accumulation import LR, MICRO_BATCHES
+from ddp_scripts.practice.by_hand import make_model, my_batches
+from ddp_scripts.practice.group import gather, main
+
+LAYERS, WIDTH, BATCH, STEPS = 6, 512, 256, 3   # 6 weights of 512 x 512 float32: 1 MiB each
+BUCKET_CAP_MB = 3                              # small on purpose: two buckets after step 1
+MS = 1e3
+
+
+def now_ms():
+    """A clock every process on this machine shares (CLOCK_MONOTONIC), in milliseconds."""
+    return time.monotonic() * MS
+
+
+def recorded_step(ddp, x):
+    """One forward and backward; the times of this rank's events, in ms on the shared clock."""
+    events = {"ready": [], "buckets": []}
+    events["forward_start"] = now_ms()
+    loss = ddp(x).square().mean()
+    events["backward_start"] = now_ms()
+    loss.backward()                 # returns once DDP has waited for every bucket's all-reduce
+    events["backward_end"] = now_ms()
+    return events
+
+
+def overlap(out):
+    """Gradients ready and buckets all-reduced, per rank, step by step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    names = {p: name for name, p in model.named_parameters()}
+    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
+    step_events = []
+
+    def on_ready(parameter):        # autograd has added this step's gradient to .grad
+        step_events[-1]["ready"].append((names[parameter], now_ms()))
+
+    for parameter in model.parameters():
+        parameter.register_post_accumulate_grad_hook(on_ready)
+
+    def timing_hook(_, bucket):     # DDP calls it when every gradient of a bucket is ready
+        record = {"index": bucket.index(), "launched": now_ms(),
+                  "parameters": [names[p] for p in bucket.parameters()],
+                  "bytes": bucket.buffer().numel() * bucket.buffer().element_size()}
+        step_events[-1]["buckets"].append(record)
+
+        def finished(future):       # runs when the all-reduce has completed
+            record["finished"] = now_ms()
+            return future.value()
+
+        return allreduce_hook(None, bucket).then(finished)
+
+    ddp.register_comm_hook(None, timing_hook)
+    x = torch.randn(BATCH, WIDTH)
+    steps = []
+    for _ in range(STEPS):
+        step_events.append({"ready": [], "buckets": []})
+        dist.barrier()              # both ranks start the step together
+        timed = recorded_step(ddp, x)
+        steps.append({**timed, "ready": step_events[-1]["ready"],
+                      "buckets": step_events[-1]["buckets"]})
+    return {"layers": LAYERS, "width": WIDTH, "batch_per_rank": BATCH, "dtype": "float32",
+            "bucket_cap_mb": BUCKET_CAP_MB, "world_size": dist.get_world_size(),
+            "steps_per_rank": gather(steps)}
+
+
+def no_sync_steps(out):
+    """Per micro-batch: the all-reduces DDP ran and one gradient's value on every rank."""
+    batches = my_batches(dist.get_rank(), dist.get_world_size())[:2 * MICRO_BATCHES]
+    runs = {}
+    for use_no_sync in (False, True):
+        model = DDP(make_model())
+        counter = {"all_reduces": 0}
+
+        def counting_hook(state, bucket):
+            state["all_reduces"] += 1
+            return allreduce_hook(None, bucket)
+
+        model.register_comm_hook(counter, counting_hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        watched = next(model.parameters())      # the first layer's weight: element [0, 0]
+        micro = []
+        for i, (x, y) in enumerate(batches, start=1):
+            last_of_step = i % MICRO_BATCHES == 0
+            skip = model.no_sync() if use_no_sync and not last_of_step else contextlib.nullcontext()
+            before = counter["all_reduces"]
+            with skip:
+                (F.mse_loss(model(x), y) / MICRO_BATCHES).backward()
+            micro.append({"micro_batch": i, "all_reduces": counter["all_reduces"] - before,
+                          "grad": watched.grad[0, 0].item(), "optimizer_step": last_of_step})
+            if last_of_step:
+                optimizer.step()
+                optimizer.zero_grad()
+        runs["with no_sync()" if use_no_sync else "without no_sync()"] = gather(micro)
+    return {"micro_batches_per_step": MICRO_BATCHES, "per_rank": runs}
+
+
+if __name__ == "__main__":
+    main({"overlap": overlap, "no_sync_steps": no_sync_steps}, __doc__.splitlines()[0])
