@@ -1,0 +1,109 @@
+"""Chapter 5's figures, fed one run of ddp_scripts/ddp_anatomy.py on 4 gloo CPU ranks: what each
+drawing shows is what the ranks recorded, and the simulated ring ends where the all-reduce did."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+import torch
+
+from ddp_scripts.launcher import run_command, torchrun_command
+from notebooks import ddp_figures
+from notebooks.figures import new_figure
+
+WORLD = 4
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ch05-anatomy")
+    run_command(torchrun_command("ddp_anatomy.py", WORLD, ["--out", str(out)]),
+                env={"OMP_NUM_THREADS": "1"}, echo=lambda line: None)
+    return ddp_figures.load_anatomy(out)
+
+
+@pytest.fixture
+def figure():
+    made = []
+
+    def make(*args, **kwargs):
+        made.append(new_figure(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for fig, _ in made:
+        matplotlib.pyplot.close(fig)
+
+
+def test_the_job_figure_shows_each_process_as_it_described_itself(ranks, figure):
+    drawn = ddp_figures.draw_job(figure()[1], ranks)
+    assert [lines[:3] for lines in drawn["processes"]] == [
+        [f"rank {r['job']['rank']}", f"local rank {r['job']['local_rank']}", f"pid {r['job']['pid']}"]
+        for r in ranks]
+    assert sorted(r["job"]["rank"] for r in ranks) == list(range(WORLD))
+    assert drawn["group"] == f"process group: world size {WORLD}, backend gloo"
+
+
+def test_the_sampler_figure_deals_the_ranks_shares_and_marks_the_padding(ranks, figure):
+    drawn = ddp_figures.draw_sampler(figure()[1], ranks)
+    assert drawn["shares"] == {r: ranks[r]["sampler"]["indices"] for r in range(WORLD)}
+    size = ranks[0]["sampler"]["dataset_size"]
+    assert size % WORLD, "the recorder must pick a data set the world size does not divide"
+    order = drawn["order"]
+    assert [order[p] for p in range(1, len(order), WORLD)] == ranks[1]["sampler"]["indices"]
+    assert sorted(set(order)) == list(range(size))          # every sample at least once
+    assert drawn["padded"] == order[size:] == order[:len(order) - size]  # the first ones again
+    repeated = sorted(i for i in set(order) if order.count(i) > 1)
+    assert repeated == sorted(drawn["padded"])
+
+
+def test_the_gradient_figure_shows_each_ranks_own_and_the_averaged_gradient(ranks, figure):
+    drawn = ddp_figures.draw_gradients(figure(2, 1)[1], ranks)
+    before = torch.tensor([r["gradients"]["before"] for r in ranks])
+    after = torch.tensor([r["gradients"]["after"] for r in ranks])
+    assert drawn["before"] == [[f"{v:.2f}" for v in row] for row in before.tolist()]
+    assert drawn["after"] == [[f"{v:.2f}" for v in row] for row in after.tolist()]
+    assert not torch.equal(before[0], before[1])                # each rank its own samples
+    assert all(torch.equal(after[0], row) for row in after)     # one average on every rank
+    torch.testing.assert_close(after[0], before.mean(0))
+
+
+def test_the_simulated_ring_ends_where_the_ranks_all_reduce_did(ranks):
+    frames = ddp_figures.ring_steps([r["gradients"]["before"] for r in ranks])
+    assert len(frames) == 1 + 2 * (WORLD - 1)
+    result = torch.tensor(ranks[0]["gradients"]["after"], dtype=torch.float64)
+    for row in frames[-1]["values"]:
+        torch.testing.assert_close(row, result, rtol=1e-6, atol=1e-6)
+    # halfway, after reduce-scatter, rank r holds the finished chunk r + 1 and only that one
+    middle = frames[WORLD - 1]["values"]
+    bounds = torch.tensor([0] + frames[WORLD - 1]["chunks"]).cumsum(0).tolist()
+    for rank in range(WORLD):
+        done = (rank + 1) % WORLD
+        span = slice(bounds[done], bounds[done + 1])
+        torch.testing.assert_close(middle[rank, span], result[span], rtol=1e-6, atol=1e-6)
+    assert all(len(frame["received"]) == WORLD for frame in frames[1:])
+
+
+def test_the_animation_is_offline_html_of_every_step(ranks):
+    html, frames = ddp_figures.ring_animation(ranks)
+    assert html.data.count("data:image/png;base64") == len(frames) <= 12
+    assert "cdnjs" not in html.data and len(html.data) < 1_500_000
+
+
+def test_the_timeline_draws_the_hooks_times(ranks, figure):
+    drawn = ddp_figures.draw_timeline(figure(2, 1)[1], ranks)
+    for step in (1, 2):
+        events = ranks[0]["timeline"][step - 1]["events"]
+        buckets = sorted((e for e in events if e["kind"] == "all-reduce"),
+                         key=lambda e: e["bucket"])
+        assert [drawn[step][f"rank 0 bucket {e['bucket']}"] for e in buckets] == [
+            [(e["start"], e["end"] - e["start"], "all-reduce")] for e in buckets]
+        kinds = [kind for _, _, kind in drawn[step]["rank 0 compute"]]
+        assert kinds == ["forward", "backward", "wait"]
+    first, second = (ranks[0]["timeline"][i]["events"] for i in (0, 1))
+    last_gradient = max(e["at"] for e in first if e["kind"] == "gradient")
+    assert [e["start"] >= last_gradient for e in first if e["kind"] == "all-reduce"] == [True]
+    assert sum(e["kind"] == "all-reduce" for e in second) > 1
+    # from step 2 on, the first bucket is sent before backward has made the last gradient
+    first_send = min(e["start"] for e in second if e["kind"] == "all-reduce")
+    assert first_send < max(e["at"] for e in second if e["kind"] == "gradient")
