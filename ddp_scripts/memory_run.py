@@ -1,0 +1,166 @@
+"""One training step under DDP, ZeRO-1 and FSDP: the bytes each rank holds, measured.
+
+    torchrun --standalone --nproc_per_node 4 ddp_scripts/memory_run.py --out runs/ch11-memory
+
+Chapter 11 starts it, to set memory_plan.py's predictions beside what the ranks hold. The wide
+MLP takes one SGD step with momentum, one process alone (rank 0, the whole global batch),
+then on every rank under
+
+    DDP      DistributedDataParallel, PyTorch's defaults
+    ZeRO-1   DDP with torch.distributed.optim.ZeroRedundancyOptimizer
+    FSDP     fully_shard on each block, then on the root (train_fsdp.py's way)
+
+After the step each rank counts, storage by storage (so a padded shard counts as allocated):
+its parameters, its gradients and its optimizer state; during the forward pass, the bytes
+autograd saves for backward, the weights left out (activations). Through the step it also
+notes the bytes of weights it holds (its shards and the units gathered whole) as each layer
+starts its forward and its backward: the timeline of gather, compute, free.
+
+Rank 0 writes OUT/memory.jsonl: one line per strategy and rank.
+"""
+import json
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_scripts.cli import UsageError, run_cli
+from ddp_scripts.options import ArgumentParser, count
+from ddp_scripts.sharding import WideMLP
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def storage_bytes(tensors):
+    """Bytes of the distinct storages under these tensors (a DTensor's local part)."""
+    storages = {}
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        storage = (tensor.to_local() if isinstance(tensor, DTensor) else tensor).untyped_storage()
+        storages[storage._cdata] = storage.nbytes()
+    return sum(storages.values())
+
+
+def build(strategy, width, depth, dtype):
+    torch.manual_seed(0)
+    model = WideMLP(width, depth).to(dtype)
+    if strategy == "FSDP":
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    elif strategy in ("DDP", "ZeRO-1"):
+        model = DDP(model)
+    if strategy == "ZeRO-1":
+        return model, ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.01,
+                                              momentum=0.9)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def weights_held(model, shards):
+    """Bytes of weights this rank holds now: its shards, and the units gathered whole
+    (under FSDP a gathered unit's parameters are plain tensors until it reshards)."""
+    gathered = sum(p.numel() * p.element_size() for p in model.parameters()
+                   if not isinstance(p, DTensor)) if shards else 0
+    return storage_bytes(shards or list(model.parameters())) + gathered
+
+
+def note_weights(model, shards, timeline, phase):
+    """Note the weights held as each layer starts its forward, and as its backward starts
+    (a hook on the layer's output, called when its gradient arrives)."""
+    def note(name):
+        timeline.append({"phase": phase[0], "layer": name, "bytes": weights_held(model, shards)})
+
+    def in_backward(output, name):
+        if output.requires_grad:
+            output.register_hook(lambda grad: note(name))
+
+    for name, layer in model.named_modules():
+        if not list(layer.children()):
+            layer.register_forward_pre_hook(lambda m, inputs, name=name: note(name))
+            layer.register_forward_hook(lambda m, inputs, output, name=name:
+                                        in_backward(output, name))
+    return note
+
+
+def one_step(strategy, args, batch):
+    dtype = DTYPES[args.dtype]
+    model, optimizer = build(strategy, args.width, args.depth, dtype)
+    plain = model.module if isinstance(model, DDP) else model
+    shards = list(plain.parameters()) if strategy == "FSDP" else []
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    images = torch.randn(batch, 3, 32, 32, generator=generator, dtype=dtype)
+    labels = torch.randint(0, 10, (batch,), generator=generator)
+    timeline, phase, saved = [], ["forward"], {}
+    note = note_weights(plain, shards, timeline, phase)
+
+    def pack(tensor):  # what autograd saves for backward, the weights (gathered or not) left out
+        weights = {p.untyped_storage()._cdata for p in plain.parameters()}
+        storage = tensor.untyped_storage()
+        if storage._cdata not in weights:
+            saved[storage._cdata] = storage.nbytes()
+        return tensor
+
+    note("start")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = F.cross_entropy(model(images), labels)
+    note("loss")
+    phase[0] = "backward"
+    loss.backward()
+    phase[0] = "step"
+    optimizer.step()
+    note("end")
+    state = (optimizer.optim if strategy == "ZeRO-1" else optimizer).state
+    return {"strategy": strategy, "rank": dist.get_rank(), "batch": batch,
+            "parameters": storage_bytes(shards or list(plain.parameters())),
+            "gradients": storage_bytes([p.grad for p in shards or plain.parameters()]),
+            "optimizer": storage_bytes([v for s in state.values() for v in s.values()
+                                        if torch.is_tensor(v) and v.dim() > 0]),
+            "activations": sum(saved.values()), "timeline": timeline}
+
+
+def main():
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--width", type=count, default=256)
+    parser.add_argument("--depth", type=count, default=4)
+    parser.add_argument("--global-batch-size", type=count, default=32)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    ranks = dist.get_world_size()
+    if args.global_batch_size % ranks:
+        raise UsageError(f"--global-batch-size {args.global_batch_size} does not split over "
+                         f"{ranks} ranks")
+    records = []
+    if dist.get_rank() == 0:  # one process: no process group in the step, the whole batch
+        records.append(one_step("one process", args, args.global_batch_size))
+    for strategy in ("DDP", "ZeRO-1", "FSDP"):
+        records.append(one_step(strategy, args, args.global_batch_size // ranks))
+    everyone = [None] * ranks
+    dist.all_gather_object(everyone, records)
+    if dist.get_rank() == 0:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        settings = {"world_size": ranks, "width": args.width, "depth": args.depth,
+                    "dtype": args.dtype, "global_batch_size": args.global_batch_size}
+        lines = [json.dumps({**settings, **r}) for rank in everyone for r in rank]
+        (out / "memory.jsonl").write_text("\n".join(lines) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_cli(main)
