@@ -1,0 +1,56 @@
+"""Each worker of a torchrun job writes down who it is: one JSON file per global rank.
+
+    torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --master-addr 127.0.0.1 \\
+             --master-port 29500 ddp_scripts/who_am_i.py --out runs/who
+
+It records the variables torchrun gave it (RANK, LOCAL_RANK, GROUP_RANK: the node rank,
+WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), its host name, and three moments:
+when its launcher (torchrun, its parent process) started, when the worker itself started,
+and when it had joined the process group. Chapter 6 draws the job from these files.
+"""
+import argparse
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import psutil
+import torch.distributed as dist
+
+from ddp_scripts.cli import UsageError, run_cli
+from ddp_scripts.options import ArgumentParser, seconds
+
+VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+             "MASTER_ADDR", "MASTER_PORT")
+
+
+def main():
+    parser = ArgumentParser(description="Write what torchrun told this worker, as JSON.")
+    parser.add_argument("--out", type=Path, required=True, help="folder for worker-RANK.json")
+    parser.add_argument("--timeout-s", type=seconds, default=60.0,
+                        help="how long to wait for the other workers")
+    args = parser.parse_args()
+    missing = [name for name in VARIABLES if name not in os.environ]
+    if missing:
+        raise UsageError(f"{', '.join(missing)} not set: start this script with torchrun")
+    me = psutil.Process()
+    record = {name: os.environ[name] for name in VARIABLES}
+    record.update(hostname=socket.gethostname(), pid=me.pid,
+                  launcher_started=me.parent().create_time(), worker_started=me.create_time())
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
+    record.update(joined=time.time(), group_rank=dist.get_rank(),
+                  group_size=dist.get_world_size())
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"worker-{record['RANK']}.json").write_text(json.dumps(record) + "\n")
+    dist.barrier()  # every file is written before any worker leaves
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_cli(main)
