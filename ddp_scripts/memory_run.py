@@ -14,7 +14,8 @@ After the step each rank counts, storage by storage (so a padded shard counts as
 its parameters, its gradients and its optimizer state; during the forward pass, the bytes
 autograd saves for backward, the weights left out (activations). Through the step it also
 notes the bytes of weights it holds (its shards and the units gathered whole) as each layer
-starts its forward and its backward: the timeline of gather, compute, free.
+starts its forward and its backward, and as each block is done with either: the timeline of
+gather, compute, free.
 
 Rank 0 writes OUT/memory.jsonl: one line per strategy and rank.
 """
@@ -86,11 +87,23 @@ def note_weights(model, shards, timeline, phase):
         if output.requires_grad:
             output.register_hook(lambda grad: note(name))
 
+    def after_backward(inputs, name):  # the input's gradient is complete: the unit is done
+        for tensor in inputs:
+            if torch.is_tensor(tensor) and tensor.requires_grad:
+                tensor.register_hook(lambda grad: note(name))
+
     for name, layer in model.named_modules():
         if not list(layer.children()):
             layer.register_forward_pre_hook(lambda m, inputs, name=name: note(name))
             layer.register_forward_hook(lambda m, inputs, output, name=name:
                                         in_backward(output, name))
+    for index, block in enumerate(model.blocks):  # FSDP's units: noted once each is done
+        done = f"blocks.{index} done"
+        # Run after FSDP's own hooks (it frees the unit in its forward hook), and before them
+        # (to see the input as it came, whose gradient comes after FSDP's post-backward).
+        block.register_forward_hook(lambda m, inputs, output, done=done: note(done))
+        block.register_forward_pre_hook(lambda m, inputs, done=done: after_backward(inputs, done),
+                                        prepend=True)
     return note
 
 

@@ -1,0 +1,131 @@
+"""Chapter 11's memory pages: the calculator's table beside the run, its form, and two figures.
+
+The predictions come from ddp_scripts/memory_plan.py, the measurements from the lines
+ddp_scripts/memory_run.py wrote (memory.jsonl); the figures draw both with notebooks/figures.py.
+"""
+import json
+
+import pandas as pd
+import torch
+
+from ddp_scripts.memory_plan import PARTS, STATES_PER_PARAMETER, STRATEGIES, plan, table_rows
+from ddp_scripts.sharding import WideMLP
+from notebooks.figures import colour, stacked_bars
+
+MEASURED = PARTS[:4]   # what the run measures on every rank: all but "gathered"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def read_run(path):
+    """The run's lines, as {(strategy, rank): record}, and its settings."""
+    records = [json.loads(line) for line in open(path) if line.strip()]
+    settings = {key: records[0][key] for key in ("world_size", "width", "depth", "dtype",
+                                                 "global_batch_size")}
+    records.sort(key=lambda r: (STRATEGIES.index(r["strategy"]), r["rank"]))
+    return {(r["strategy"], r["rank"]): r for r in records}, settings
+
+
+def plan_for(settings):
+    """memory_plan.plan for the run's own model, batch, dtype and world size."""
+    with torch.device("meta"):   # shapes only: even a model too large for this machine
+        model = WideMLP(settings["width"], settings["depth"])
+    return plan(model, settings["global_batch_size"], settings["world_size"],
+                DTYPES[settings["dtype"]], units=model.blocks)
+
+
+def side_by_side(planned, measured):
+    """One row per strategy and rank: the predicted parts and total, the measured total (MB),
+    and the bytes by which measured and predicted parts differ, summed without sign."""
+    rows = []
+    for (strategy, rank), record in measured.items():
+        predicted = planned[strategy][rank]
+        row = {"strategy": strategy, "rank": rank}
+        row.update({part: predicted[part] / 1e6 for part in MEASURED})
+        row["predicted"] = sum(predicted[part] for part in MEASURED) / 1e6
+        row["measured"] = sum(record[part] for part in MEASURED) / 1e6
+        row["difference (B)"] = sum(abs(record[p] - predicted[p]) for p in MEASURED)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def bar_label(strategy, rank):
+    return strategy if strategy == "one process" else f"{strategy}, rank {rank}"
+
+
+def draw_held(ax, planned, measured, strategies=("one process", "DDP", "ZeRO-1", "FSDP")):
+    """Stacked bars of the predicted parts (MB) for each strategy and rank (DDP's ranks are all
+    alike: rank 0 stands for them), each with the run's measured total as a tick."""
+    bars, totals = {}, {}
+    for (strategy, rank), record in measured.items():
+        if strategy not in strategies or (strategy == "DDP" and rank):
+            continue
+        label = bar_label(strategy, rank)
+        bars[label] = {part: planned[strategy][rank][part] / 1e6 for part in MEASURED}
+        totals[label] = sum(record[part] for part in MEASURED) / 1e6
+    return stacked_bars(ax, bars, unit="MB per rank", total=totals)
+
+
+def draw_step(ax, measured, ranks=None):
+    """Bytes of weights held (shards and gathered units) at each hook point of one step: DDP's
+    rank 0 and FSDP's ranks. Returns {line label: [MB, ...]} as drawn."""
+    world = max(rank for _, rank in measured) + 1
+    ranks = ranks if ranks is not None else sorted({0, world - 1})
+    lines = {"DDP, rank 0": measured[("DDP", 0)]["timeline"]}
+    lines.update({f"FSDP, rank {r}": measured[("FSDP", r)]["timeline"] for r in ranks})
+    drawn = {}
+    for index, (label, timeline) in enumerate(lines.items()):
+        drawn[label] = [point["bytes"] / 1e6 for point in timeline]
+        style = "-" if label.startswith("DDP") else ("-" if index == 1 else ":")
+        ax.step(range(len(timeline)), drawn[label], style, where="post", label=label,
+                color=colour("other" if label.startswith("DDP") else "gather", index))
+    fsdp = lines[f"FSDP, rank {ranks[0]}"]
+    turn = next(i for i, point in enumerate(fsdp) if point["phase"] == "backward")
+    ax.axvline(turn - 0.5, color="#333333", linewidth=0.8)
+    top = max(max(values) for values in drawn.values())
+    ax.text(turn - 1, top * 0.3, "forward", ha="right")
+    ax.text(turn, top * 0.3, "backward", ha="left")
+    ax.set_ylim(0, top * 1.1)
+    ax.set_xlabel("hook point in the step (a layer starts its forward or backward)")
+    ax.set_ylabel("MB of weights held")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, frameon=False)
+    return drawn
+
+
+def calculator_table(width, depth, batch, ranks, dtype, optimizer):
+    """The calculator's answer for the largest rank (rank 0), one row per strategy, in MB."""
+    with torch.device("meta"):
+        model = WideMLP(width, depth)
+    rows = table_rows(plan(model, batch, ranks, DTYPES[dtype], optimizer, units=model.blocks))
+    table = pd.DataFrame(rows).T[[*PARTS, "total"]] / 1e6
+    table.columns = [f"{c} (MB)" for c in table.columns]
+    table.index.name = f"rank 0 of {ranks}"
+    return table
+
+
+def calculator_form(width, depth, batch, ranks, dtype="float64", optimizer="sgd-momentum"):
+    """An ipywidgets form around calculator_table, filled with the given values: its table is
+    an HTML widget, so the page built from the executed notebook shows the first answer."""
+    import ipywidgets as widgets
+    fields = {"width": widgets.BoundedIntText(width, min=1, max=65536, description="width"),
+              "depth": widgets.BoundedIntText(depth, min=1, max=256, description="depth"),
+              "batch": widgets.BoundedIntText(batch, min=1, max=1 << 20,
+                                              description="global batch"),
+              "ranks": widgets.BoundedIntText(ranks, min=1, max=4096, description="ranks"),
+              "dtype": widgets.Dropdown(options=list(DTYPES), value=dtype, description="dtype"),
+              "optimizer": widgets.Dropdown(options=list(STATES_PER_PARAMETER), value=optimizer,
+                                            description="optimizer")}
+    answer = widgets.HTML()
+
+    def update(change=None):
+        values = {name: field.value for name, field in fields.items()}
+        try:
+            table = calculator_table(**values)
+            answer.value = table.to_html(float_format="{:,.2f}".format)
+        except ValueError as error:  # a batch that does not split over the ranks
+            answer.value = f"<p>{error}</p>"
+
+    for field in fields.values():
+        field.observe(update, names="value")
+    update()
+    return widgets.VBox([widgets.HBox(list(fields.values())[:3]),
+                         widgets.HBox(list(fields.values())[3:]), answer])

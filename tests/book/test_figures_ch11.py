@@ -1,0 +1,79 @@
+"""Chapter 11's figures and tables, fed a run of ddp_scripts/memory_run.py on 3 gloo ranks (run
+as the chapter runs it, smaller): what they draw is what the calculator predicted and what the
+run measured."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import pytest
+
+from ddp_scripts.launcher import run_command, torchrun_command
+from ddp_scripts.memory_plan import PARTS
+from notebooks.figures import new_figure
+from notebooks.fsdp_memory import (calculator_form, calculator_table, draw_held, draw_step,
+                                   plan_for, read_run, side_by_side)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ch11-memory")
+    run_command(torchrun_command("memory_run.py", 3, [
+        "--out", str(out), "--width", "64", "--depth", "2", "--global-batch-size", "6"]),
+        timeout=300, echo=lambda line: None)
+    measured, settings = read_run(out / "memory.jsonl")
+    return measured, plan_for(settings)
+
+
+def test_the_stacked_bars_are_the_prediction_and_their_ticks_the_measured_totals(run):
+    measured, planned = run
+    fig, ax = new_figure()
+    drawn = draw_held(ax, planned, measured)
+    plt.close(fig)
+    assert list(drawn) == ["one process", "DDP, rank 0", "ZeRO-1, rank 0", "ZeRO-1, rank 1",
+                           "ZeRO-1, rank 2", "FSDP, rank 0", "FSDP, rank 1", "FSDP, rank 2"]
+    for label, parts in drawn.items():
+        strategy, rank = (label, 0) if label == "one process" else label.split(", rank ")
+        predicted = planned[strategy][int(rank)]
+        assert [(part, value * 1e6) for part, _, value in parts] == pytest.approx(
+            [(part, predicted[part]) for part in PARTS[:4] if predicted[part]])
+    ticks = [collection.get_offsets()[0] for collection in ax.collections]
+    totals = [sum(measured[key][part] for part in PARTS[:4]) / 1e6
+              for key in measured if key[0] != "DDP" or key[1] == 0]
+    assert [x for x, _ in ticks] == pytest.approx(totals)
+
+
+def test_the_step_figure_draws_every_hook_point_the_run_noted(run):
+    measured, _ = run
+    fig, ax = new_figure()
+    drawn = draw_step(ax, measured)
+    plt.close(fig)
+    assert list(drawn) == ["DDP, rank 0", "FSDP, rank 0", "FSDP, rank 2"]
+    for label, values in drawn.items():
+        strategy, rank = label.split(", rank ")
+        timeline = measured[(strategy, int(rank))]["timeline"]
+        assert values == [point["bytes"] / 1e6 for point in timeline]
+        lines = [line for line in ax.get_lines() if line.get_label() == label]
+        assert list(lines[0].get_ydata()) == values
+    assert len(set(drawn["DDP, rank 0"])) == 1 and len(set(drawn["FSDP, rank 0"])) > 2
+
+
+def test_the_table_sets_prediction_beside_measurement_and_they_agree(run):
+    measured, planned = run
+    table = side_by_side(planned, measured)
+    assert len(table) == len(measured)
+    assert (table["difference (B)"] == 0).all()
+    assert table["predicted"].tolist() == pytest.approx(table["measured"].tolist())
+
+
+def test_the_form_shows_the_calculators_table_and_answers_a_change():
+    form = calculator_form(64, 2, 6, 3)
+    answer = form.children[-1]
+    assert "FSDP" in answer.value and "ZeRO-1" in answer.value
+    first = answer.value
+    form.children[1].children[0].value = 6  # ranks: 3 -> 6
+    assert answer.value != first
+    assert calculator_table(64, 2, 6, 6, "float64", "sgd-momentum").to_html(
+        float_format="{:,.2f}".format) == answer.value
+    form.children[1].children[0].value = 4  # 6 does not split over 4
+    assert "does not split evenly" in answer.value

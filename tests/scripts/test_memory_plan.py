@@ -1,0 +1,94 @@
+"""memory_plan.py, the calculator of chapter 11, held to what ranks hold: memory_run.py takes
+one step on 3 gloo ranks (width 64: every first dimension but the head's 10 splits unevenly
+over 3, so FSDP pads and ZeRO-1's shares differ), and every rank's parameters, gradients,
+optimizer state and activations equal the prediction, byte for byte."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_one_line_error, run_one_rank
+
+from ddp_scripts.launcher import run_command, torchrun_command
+from ddp_scripts.memory_plan import PARTS, chunk_rows, plan
+from ddp_scripts.sharding import WideMLP
+
+RANKS, WIDTH, DEPTH, BATCH = 3, 64, 2, 6
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("memory")
+    run_command(torchrun_command("memory_run.py", RANKS, [
+        "--out", str(out), "--width", str(WIDTH), "--depth", str(DEPTH),
+        "--global-batch-size", str(BATCH), "--dtype", "float64"]),
+        timeout=300, echo=lambda line: None)
+    return [json.loads(line) for line in (out / "memory.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def predicted():
+    model = WideMLP(WIDTH, DEPTH)
+    return plan(model, BATCH, RANKS, torch.float64, units=model.blocks)
+
+
+def test_every_rank_holds_what_the_calculator_predicts_to_the_byte(measured, predicted):
+    seen = {(r["strategy"], r["rank"]) for r in measured}
+    assert seen == {(s, rank) for s, ranks in predicted.items() for rank in range(len(ranks))}
+    for record in measured:
+        expected = predicted[record["strategy"]][record["rank"]]
+        for part in PARTS[:4]:
+            assert record[part] == expected[part], (record["strategy"], record["rank"], part)
+
+
+def test_the_splits_are_uneven_where_the_text_says(measured):
+    zero = [r["optimizer"] for r in measured if r["strategy"] == "ZeRO-1"]
+    fsdp = [r for r in measured if r["strategy"] == "FSDP"]
+    assert len(set(zero)) > 1  # whole tensors per rank: the shares differ
+    assert len({r["parameters"] for r in fsdp}) == 1  # padded: every rank allocates the same
+    assert fsdp[-1]["optimizer"] < fsdp[0]["optimizer"]  # the state follows the real rows
+
+
+def test_fsdp_holds_at_most_its_shards_the_root_and_one_block_and_ddp_all_along(measured,
+                                                                                 predicted):
+    for record in measured:
+        held = [point["bytes"] for point in record["timeline"]]
+        expected = predicted[record["strategy"]][record["rank"]]
+        assert max(held) == expected["parameters"] + expected["gathered"]
+        if record["strategy"] == "FSDP":
+            assert held[0] == held[-1] == expected["parameters"]  # shards only, at rest
+        else:
+            assert set(held) == {expected["parameters"]}
+
+
+@pytest.mark.parametrize("rows", range(1, 12))
+@pytest.mark.parametrize("ranks", range(1, 6))
+def test_chunk_rows_are_torch_chunks_pieces(rows, ranks):
+    pieces = torch.chunk(torch.arange(rows), ranks)
+    for rank in range(ranks):
+        real = len(pieces[rank]) if rank < len(pieces) else 0
+        assert chunk_rows(rows, ranks, rank) == (len(pieces[0]), real)
+
+
+def test_adam_keeps_two_tensors_per_parameter():
+    torch.manual_seed(0)
+    model = WideMLP(32, 1)
+    adam = torch.optim.Adam(model.parameters())
+    F.cross_entropy(model(torch.randn(4, 3, 32, 32)), torch.randint(0, 10, (4,))).backward()
+    adam.step()
+    state = sum(v.numel() * v.element_size() for s in adam.state.values() for v in s.values()
+                if v.dim() > 0)  # the step counter, 0-dimensional, left out
+    assert plan(model, 4, 1, torch.float32, "adam")["one process"][0]["optimizer"] == state
+
+
+def test_the_calculator_refuses_what_it_cannot_plan():
+    model = WideMLP(32, 1)
+    with pytest.raises(ValueError, match="does not split evenly"):
+        plan(model, 10, 4)
+    with pytest.raises(ValueError, match="optimizer must be"):
+        plan(model, 8, 4, optimizer="lion")
+
+
+def test_memory_run_says_what_is_wrong_in_one_line():
+    assert_one_line_error(run_one_rank("memory_run.py", "--out", "x", "--dtype", "int8"),
+                          "--dtype")
