@@ -76,7 +76,7 @@ def parsed_label(report):
     """torch's parse of the variable, short: unset means every GPU (torch lists 0 to 63)."""
     if report["visible"] is None:
         return "every GPU"
-    return "[" + ",".join(str(p) for p in report["parsed"]) + "]"
+    return "reads [" + ",".join(str(p) for p in report["parsed"]) + "]"
 
 
 def _box(ax, x, y, text, kind, index=0):

@@ -12,7 +12,7 @@ SETTINGS = ["1", "1,0", "0,0"]
 
 def test_each_child_s_gpus_are_drawn_in_the_row_of_the_same_physical_gpu():
     reports = device_figures.visible_devices_runs(SETTINGS)
-    # torch reads the variable as CUDA does: in order, and a repeated GPU hides them all
+    # torch reads the list in order, and a GPU named twice gives an empty list
     assert [r["parsed"] for r in reports] == [[1], [1, 0], []]
     physical = device_figures.physical_gpus()
     fig, ax = new_figure()
@@ -23,7 +23,8 @@ def test_each_child_s_gpus_are_drawn_in_the_row_of_the_same_physical_gpu():
                                      for d in report["devices"]}
         assert column["count"] == len(column["logical"])
     shown = [t.get_text() for t in ax.texts]
-    assert [c["setting"] for c in drawn["columns"]] == ["=1\n[1]", "=1,0\n[1,0]", "=0,0\n[]"]
+    assert [c["setting"] for c in drawn["columns"]] == ["=1\nreads [1]", "=1,0\nreads [1,0]",
+                                                  "=0,0\nreads []"]
     assert all(c["setting"] in shown for c in drawn["columns"])
     assert shown.count("cuda:0") == sum("cuda:0" in c["logical"] for c in drawn["columns"])
     matplotlib.pyplot.close(fig)
