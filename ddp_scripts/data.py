@@ -77,9 +77,67 @@ def _shifted_crops(patterns, labels, dx, dy):
     return patterns[labels[:, None, None, None], channel, rows, cols]
 
 
+# The archive torchvision unpacks: its name, size and MD5 (torchvision's CIFAR10.tgz_md5, which it
+# checks before unpacking). A copy put into the data folder by hand is used as it is.
+ARCHIVE, ARCHIVE_BYTES = "cifar-10-python.tar.gz", 170_498_071
+ARCHIVE_MD5 = "c58f30108f718f92721af3b95e74349a"
+DOWNLOAD_TIMEOUT_S = 600   # the whole download: a slow host gives up, and says how to go on
+STALL_S = 30               # one read that brings no byte
+
+
+def how_to_place(data_dir):
+    return (f"put {ARCHIVE} ({ARCHIVE_BYTES:,} bytes, MD5 {ARCHIVE_MD5}) into {data_dir}/ "
+            "by hand and run again")
+
+
+def fetch_archive(data_dir, url=None, limit_s=DOWNLOAD_TIMEOUT_S, stall_s=STALL_S):
+    """The CIFAR-10 archive in data_dir, downloaded within limit_s seconds if it is not there.
+
+    The download goes to a .part file, renamed only when whole: a run stopped half-way leaves
+    nothing that looks like the archive. Raises OSError in one line, saying how to place it."""
+    import time
+    import urllib.request
+    from torchvision.datasets import CIFAR10
+    from torchvision.datasets.utils import check_integrity
+    target = Path(data_dir) / ARCHIVE
+    if target.exists():
+        if not check_integrity(str(target), ARCHIVE_MD5):
+            raise OSError(f"{target} is not the CIFAR-10 archive (its MD5 is not {ARCHIVE_MD5}); "
+                          f"replace it: {ARCHIVE_BYTES:,} bytes")
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(f"{ARCHIVE}.{os.getpid()}.part")
+    deadline = time.monotonic() + limit_s
+    try:
+        with urllib.request.urlopen(url or CIFAR10.url, timeout=stall_s) as response, \
+                open(part, "wb") as out:
+            while chunk := response.read1(1 << 20):   # what has come, not a full 1 MiB
+                out.write(chunk)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not done after {limit_s:g} s")
+        os.replace(part, target)
+    except (OSError, ValueError) as error:   # no network, a refused or slow host, a bad URL
+        raise OSError(f"download of {ARCHIVE} failed ({first_line(error)}): "
+                      f"{how_to_place(data_dir)}") from None
+    finally:
+        part.unlink(missing_ok=True)
+    return target
+
+
+def unpacked_whole(data_dir):
+    """Whether data_dir holds CIFAR-10's unpacked files, each with torchvision's checksum."""
+    from torchvision.datasets import CIFAR10
+    from torchvision.datasets.utils import check_integrity
+    folder = Path(data_dir) / CIFAR10.base_folder
+    return all(check_integrity(str(folder / name), md5)
+               for name, md5 in CIFAR10.train_list + CIFAR10.test_list)
+
+
 def cifar10_tensors(data_dir, download):
     """CIFAR-10 through torchvision, normalised, as tensors. Raises if it cannot be had."""
     import torchvision  # imported here only: it costs seconds at start-up
+    if download and not unpacked_whole(data_dir):
+        fetch_archive(data_dir)   # within a time limit; torchvision then unpacks it
     splits = []
     for train in (True, False):
         ds = torchvision.datasets.CIFAR10(root=data_dir, train=train, download=download)
