@@ -39,6 +39,9 @@ NOTEBOOK_TIMEOUT_S = 1800
 # sharing every core (chapter 8's thread counts need more than one), their pages saying so.
 ALONE = {"02_tensors_and_models", "07_experiment", "10_keeping_the_gpu_busy"}
 SIDE_BY_SIDE = 2
+# The repository as a zip beside how-to-run in each edition (its pages link it), unpacking
+# into one folder.
+SOURCE_ARCHIVE, ARCHIVE_FOLDER = "book-source.zip", "pytorch-gpu-book"
 LAUNCH = re.compile(r"\b(run_script|run_command|Popen)\(")
 
 # timings: the nbmake timings its execution-times page shows (the English ones, for both).
@@ -176,6 +179,36 @@ def execute(edition):
             suite.append(case)
     ET.ElementTree(suite).write(edition.timings, encoding="unicode")
     return not any(statuses)
+
+
+def source_archive(target):
+    """The repository's files as this build reads them, in a zip for readers who can open the
+    site but not the repository: its committed files at HEAD with the working tree's changes
+    to them (`git stash create` makes that commit without touching anything). Returns target."""
+    git = ["git", "-C", str(ROOT)]
+    def run(*args):
+        return subprocess.run([*git, *args], capture_output=True, text=True)
+    if run("rev-parse", "HEAD").returncode:   # a copy without git (unpacked from this archive)
+        return zip_of_the_sources(target)
+    commit = run("stash", "create").stdout.strip() or "HEAD"
+    made = run("archive", "--format=zip", f"--prefix={ARCHIVE_FOLDER}/", "-o", str(target), commit)
+    if made.returncode:
+        raise ToolError(f"git archive failed: {made.stderr.strip().splitlines()[-1]}")
+    return target
+
+
+def zip_of_the_sources(target):
+    """The archive made without git: every file but what the build and the runs write."""
+    import zipfile
+    left_out = {".git", "_build", "data", "runs", "__pycache__", ".ipynb_checkpoints",
+                ".pytest_cache", ".ruff_cache", ".offline-assets", ".gpu-wheels"}
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(ROOT.rglob("*")):
+            parts = path.relative_to(ROOT).parts
+            if path.is_file() and not (left_out & set(parts) or parts[0].startswith(".venv")
+                                       or path.suffix == ".pyc"):
+                archive.write(path, f"{ARCHIVE_FOLDER}/{path.relative_to(ROOT)}")
+    return target
 
 
 def beside_order(folder):
@@ -347,8 +380,10 @@ def main(argv=None):
         same_code(EXECUTED, edition)
     if args.render_only and not (EXECUTED.timings.exists() and (EXECUTED.src / "notebooks").exists()):
         raise ToolError("nothing executed yet: build it first")
+    archive = source_archive(BUILD / SOURCE_ARCHIVE)
     for edition in editions:   # a translation's notebooks are made again from the execution
         stage(edition, notebooks=not args.render_only or edition in translated)
+        shutil.copy2(archive, edition.src / "book" / SOURCE_ARCHIVE)   # how-to-run links it
     if not args.render_only:
         if EXECUTED not in editions:
             stage(EXECUTED, site=False)
