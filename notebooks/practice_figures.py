@@ -82,9 +82,11 @@ def draw_no_sync(no_sync):
     for ax in (top, bottom):
         for s in steps:
             ax.axvline(s + 0.5, color="#333333", linewidth=0.8, linestyle=":")
+    most = max(max(c) for c in drawn["all_reduces"].values())
     bottom.set_ylabel("all-reduces")
-    bottom.set_yticks(range(0, max(max(c) for c in drawn["all_reduces"].values()) + 1))
+    bottom.set_yticks(range(0, most + 1))
+    bottom.set_ylim(0, most * 1.45)   # room above the bars for the legend
     bottom.set_xticks([m["micro_batch"] for m in next(iter(runs.values()))[0]])
     bottom.set_xlabel("micro-batch (dotted line: optimizer step)")
-    bottom.legend(loc="upper left", frameon=False)
+    bottom.legend(loc="upper center", ncol=2, frameon=False)
     return fig, drawn

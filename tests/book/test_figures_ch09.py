@@ -73,3 +73,6 @@ def test_the_no_sync_figure_draws_each_micro_batchs_gradient_and_all_reduces(rec
     with_no_sync = no_sync["per_rank"]["with no_sync()"]
     assert with_no_sync[0][0]["grad"] != with_no_sync[1][0]["grad"]   # each rank its own sum
     assert with_no_sync[0][every - 1]["grad"] == with_no_sync[1][every - 1]["grad"]  # averaged
+    without = no_sync["per_rank"]["without no_sync()"][0]   # the value it reached, to rounding
+    assert with_no_sync[0][every - 1]["grad"] == pytest.approx(without[every - 1]["grad"],
+                                                               abs=1e-12)
