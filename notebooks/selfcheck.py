@@ -23,9 +23,19 @@ the student copies carry it.
 import ast
 import hashlib
 import json
+import os
+import re
 import sys
+from pathlib import Path
 
 BOOK_SALT = "pytorch-gpu-book self-check"
+# What check() says, in each edition's language; the Chinese hints, by the check's label, beside
+# the English each translates (a test holds them to the chapters' hints).
+SAID = {"en": {"unanswered": "Not answered yet: set {name} and run the cells again.",
+               "right": "{name}: right.", "wrong": "{name}: not quite. {hint}"},
+        "zh": {"unanswered": "还没有作答：先设置 {name}，再运行这些单元格。",
+               "right": "{name}：正确。", "wrong": "{name}：还不对。{hint}"}}
+HINTS_ZH = Path(__file__).with_name("selfcheck_zh.json")
 
 
 def canonical(answer, places=None):
@@ -80,13 +90,38 @@ def check(answer, expected_digest, hint="", name="answer", places=None, case=Non
     """
     if isinstance(expected_digest, dict):
         expected_digest = expected_digest[case]
+    said, label = SAID[language()], expected_digest.split(":", 1)[0]
     if answer is None or answer == set() or (isinstance(answer, (list, tuple)) and
                                              all(item is None for item in answer)):
-        print(f"Not answered yet: set {name} and run the cells again.")
+        print(said["unanswered"].format(name=name))
     elif is_right(answer, expected_digest, places):
-        print(f"{name}: right.")
+        print(said["right"].format(name=name))
     else:
-        print(f"{name}: not quite. {hint}".rstrip())
+        hint = translated_hint(label, hint) if language() == "zh" else hint
+        print(said["wrong"].format(name=name, hint=hint).rstrip())
+
+
+def language():
+    """'zh' for the Chinese edition's notebooks, else 'en'. Jupyter starts the kernel in the
+    notebook's folder (notebooks/zh/) and names the notebook in JPY_SESSION_NAME; elsewhere
+    (Colab, say) BOOK_LANGUAGE=zh chooses it."""
+    chosen = os.environ.get("BOOK_LANGUAGE", "")
+    if chosen in SAID:
+        return chosen
+    places = [os.environ.get("JPY_SESSION_NAME", ""), os.getcwd()]
+    return "zh" if any(Path(place).parent.name == "zh" or Path(place).name == "zh"
+                       for place in places if place) else "en"
+
+
+def translated_hint(label, hint):
+    """The Chinese hint for the check `label`, with the values the English one was given
+    ({gpus} in 'a machine with {gpus} GPU(s)'); the English hint if none fits."""
+    entry = json.loads(HINTS_ZH.read_text(encoding="utf-8")).get(label) if HINTS_ZH.exists() else None
+    if not entry:
+        return hint
+    pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>.+?)", re.escape(entry["en"]))
+    found = re.fullmatch(pattern, hint)
+    return entry["zh"].format(**found.groupdict()) if found else hint
 
 
 def main(argv=None):

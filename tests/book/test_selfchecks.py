@@ -25,10 +25,9 @@ CHAPTERS = [path for path, _ in chapters()]
 
 
 def article_times():
-    """The article's four times, as chapter 7 types them in (its only typed-in numbers)."""
-    source = "\n".join(cell_source(c) for c in load_notebook(
-        ROOT / "notebooks" / "07_experiment.ipynb")["cells"])
-    return ast.literal_eval(re.search(r"ARTICLE = pd\.Series\((\{.*?\})", source).group(1))
+    """The article's four times, from the results file chapter 7 reads them from."""
+    import json
+    return json.loads((ROOT / "results" / "article" / "titan-xp.json").read_text())["wall_s"]
 
 
 def right_and_wrong_answers():
@@ -254,3 +253,56 @@ def test_the_command_line_prints_the_digest_a_check_compares_with(capsys):
     assert main(["ch07-ex-efficiency", "0.8203", "2"]) == 0
     assert is_right(0.82, capsys.readouterr().out.strip(), places=2)
     assert main(["only-a-label"]) == 2
+
+
+# ---------------------------------------------------------------------------------------
+# The hints in the reader's language
+# ---------------------------------------------------------------------------------------
+def chapter_hints():
+    """{label: the chapter's hint as written, an f-string's fields as {name}}."""
+    hints = {}
+    for path in CHAPTERS:
+        for cell in load_notebook(path)["cells"]:
+            if "self-check" not in cell.get("metadata", {}).get("tags", []):
+                continue
+            for node in ast.walk(ast.parse(cell_source(cell))):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check":
+                    expected = ast.literal_eval(node.args[1])
+                    first = expected if isinstance(expected, str) else next(iter(expected.values()))
+                    value = next((k.value for k in node.keywords if k.arg == "hint"), None)
+                    if isinstance(value, ast.JoinedStr):
+                        text = "".join(part.value if isinstance(part, ast.Constant)
+                                       else "{" + ast.unparse(part.value) + "}" for part in value.values)
+                    else:
+                        text = ast.literal_eval(value) if value is not None else ""
+                    hints[first.split(":", 1)[0]] = text
+    return hints
+
+
+def test_every_hint_has_its_chinese_translation_of_the_english_as_it_is_now():
+    import json
+    from notebooks import selfcheck
+    table = json.loads(selfcheck.HINTS_ZH.read_text(encoding="utf-8"))
+    hints = chapter_hints()
+    assert sorted(hints) == sorted(table), "notebooks/selfcheck_zh.json: labels differ from the chapters'"
+    changed = {label: (hints[label], table[label]["en"]) for label in hints
+               if hints[label] != table[label]["en"]}
+    assert not changed, f"English hints changed since translated (chapter, table): {changed}"
+    assert all(re.search(r"[\u4e00-\u9fff]", entry["zh"]) for entry in table.values())
+
+
+def test_the_chinese_notebooks_say_it_in_chinese_with_the_english_hint_s_values(monkeypatch, tmp_path):
+    from notebooks import selfcheck
+    monkeypatch.delenv("BOOK_LANGUAGE", raising=False)
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert selfcheck.language() == "en"
+    (tmp_path / "zh").mkdir()
+    monkeypatch.chdir(tmp_path / "zh")   # where Jupyter starts a notebooks/zh/ notebook's kernel
+    assert selfcheck.language() == "zh"
+    hint = "try_device(0), (1) and (99) on a machine with 3 GPU(s): which exist?"
+    shown = printed_by_check("wrong", digest("ch01-ex-try-device", "right"), hint=hint, name="devices")
+    assert shown == "devices：还不对。在有 3 块 GPU 的机器上调用 try_device(0)、(1) 和 (99)：哪些设备存在？\n"
+    assert "正确" in printed_by_check("right", digest("ch01-ex-try-device", "right"))
+    monkeypatch.setenv("BOOK_LANGUAGE", "en")   # the reader's choice wins
+    assert "not quite" in printed_by_check("wrong", digest("ch01-ex-try-device", "right"), hint=hint)
