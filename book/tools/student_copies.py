@@ -52,7 +52,8 @@ def write_copies(notebooks, out, replace_all=False):
     shutil.rmtree(out / "ddp_scripts", ignore_errors=True)
     shutil.copytree(ROOT / "ddp_scripts", out / "ddp_scripts",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for helper in (ROOT / "notebooks").glob("*.py"):   # the self-checks, the chapters' helpers
+    helpers = [*(ROOT / "notebooks").glob("*.py"), *(ROOT / "notebooks").glob("*.json")]
+    for helper in helpers:   # the self-checks and their Chinese hints, the chapters' helpers
         shutil.copy2(helper, out / "notebooks" / helper.name)
     return written
 

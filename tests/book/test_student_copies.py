@@ -73,7 +73,8 @@ def test_student_copy_runs_what_the_build_ran(handout):
                  if cell.cell_type == "code"] for notebook in (path, handout / path.relative_to(ROOT))]
         assert code[0] and code[1] == code[0], path.name
     carried = [*(p for p in (ROOT / "ddp_scripts").rglob("*") if p.is_file()
-                 and "__pycache__" not in p.parts), *(ROOT / "notebooks").glob("*.py")]
+                 and "__pycache__" not in p.parts), *(ROOT / "notebooks").glob("*.py"),
+               *(ROOT / "notebooks").glob("*.json")]
     for path in carried:
         copy = handout / path.relative_to(ROOT)
         assert copy.exists() and copy.read_bytes() == path.read_bytes(), path.relative_to(ROOT)
