@@ -50,8 +50,9 @@ def test_the_step_draws_each_piece_a_replica_and_the_gathered_batch(axes):
             seen.append((str(x.device), tuple(x.shape)))
             return self.net(x)
 
-    outputs = nn.DataParallel(Noting())(torch.randn(30, 3, 32, 32))
-    recorded = dp_figures.pieces_seen(seen)
+    module = Noting().to("cuda:0" if GPUS > 1 else "cpu")   # with one GPU the wrapper moves it
+    outputs = nn.DataParallel(module)(torch.randn(30, 3, 32, 32))
+    recorded = dict(sorted(dp_figures.pieces_seen(seen).items()))
     if GPUS < 2:   # no scatter without GPUs: the module got the whole batch
         assert recorded == {"cpu": 30} if not GPUS else sum(recorded.values()) == 30
         pieces = {f"cuda:{i}": r for i, r in enumerate(dp_figures.scatter_pieces(30, 4))}
