@@ -6,7 +6,9 @@
 It records the variables torchrun gave it (RANK, LOCAL_RANK, GROUP_RANK: the node rank,
 WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), its host name, and three moments:
 when its launcher (torchrun, its parent process) started, when the worker itself started,
-and when it had joined the process group. Chapter 6 draws the job from these files.
+and when it had joined the process group. It also records CUDA_VISIBLE_DEVICES, torch's
+reading of it, and the device pick_device gives its LOCAL_RANK (with the GPU's UUID), or why
+it gives none. Chapters 3 and 6 draw the job from these files.
 """
 import argparse
 import datetime
@@ -21,9 +23,11 @@ if not __package__:  # run as a file, not imported: find ddp_scripts as notebook
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import psutil
+import torch
 import torch.distributed as dist
 
 from ddp_scripts.cli import UsageError, run_cli
+from ddp_scripts.devices import pick_device
 from ddp_scripts.options import ArgumentParser, seconds
 
 VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
@@ -43,6 +47,15 @@ def main():
     record = {name: os.environ[name] for name in VARIABLES}
     record.update(hostname=socket.gethostname(), pid=me.pid,
                   launcher_started=me.parent().create_time(), worker_started=me.create_time())
+    record.update(CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                  visible_parsed=torch.cuda._parse_visible_devices(), gpu_uuid=None)
+    try:
+        device = pick_device("auto", int(record["LOCAL_RANK"]))
+        record["device"] = str(device)
+        if device.type == "cuda":
+            record["gpu_uuid"] = str(torch.cuda.get_device_properties(device).uuid)
+    except UsageError as error:  # more local ranks than visible GPUs: say so in the record
+        record["device"] = f"none: {error}"
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
     record.update(joined=time.time(), group_rank=dist.get_rank(),
                   group_size=dist.get_world_size())

@@ -180,3 +180,37 @@ def draw_placements(ax, run):
     ax.set_xlabel(f"x.to(device) is x: {run['same_x']};  "
                   f"model.weight is the same Parameter: {run['same_weight']}")
     return drawn
+
+
+def draw_local_ranks(ax, workers):
+    """Each torchrun worker of one node: its LOCAL_RANK, the device pick_device gave it, and
+    which entry of CUDA_VISIBLE_DEVICES that device is (ddp_scripts/who_am_i.py's records).
+    Returns [(local rank label, device label, physical label)] as drawn."""
+    drawn = []
+    workers = sorted(workers, key=lambda w: int(w["LOCAL_RANK"]))
+    for row, worker in enumerate(workers):
+        device = worker["device"]
+        if device.startswith("cuda"):
+            index = int(device.split(":")[1])
+            physical = f"physical GPU {worker['visible_parsed'][index]}"
+        elif device.startswith("none"):
+            device, physical = "no device", "error (too few GPUs)"
+        else:
+            physical = "the CPU"
+        labels = (f"LOCAL_RANK {worker['LOCAL_RANK']}", f"pick_device: {device}", physical)
+        for column, (label, kind) in enumerate(zip(labels, ("other", "compute", "data"))):
+            _box(ax, column, row, label, kind)
+            if column:
+                ax.annotate("", (column - 0.42, row), (column - 0.58, row),
+                            arrowprops=dict(arrowstyle="->", color="#333333"))
+        drawn.append(labels)
+    first = workers[0]
+    setting = setting_label(first["CUDA_VISIBLE_DEVICES"])
+    ax.set_title(f"torchrun --nproc-per-node {len(workers)} with CUDA_VISIBLE_DEVICES"
+                 f"{setting if setting != 'unset' else ' unset'}: torch reads "
+                 f"{first['visible_parsed'] if first['CUDA_VISIBLE_DEVICES'] is not None else 'every GPU'}",
+                 fontsize=10)
+    ax.set_xlim(-0.6, 2.6)
+    ax.set_ylim(len(workers) - 0.4, -0.6)
+    ax.axis("off")
+    return drawn
