@@ -111,8 +111,9 @@ def draw_visible_devices(ax, physical, reports):
             ax.text(column, 0, "0 GPUs", ha="center", va="center", color="#555555")
         drawn["columns"].append({"setting": header, "count": report["count"],
                                  "logical": logical})
+    unmatched = any(None in column["logical"].values() for column in drawn["columns"])
     ax.set_xlim(-0.6, len(reports) + 0.6)
-    ax.set_ylim(rows + 0.2, -1.8)
+    ax.set_ylim(rows - 0.4 + unmatched, -1.8)
     ax.axis("off")
     ax.set_title("CUDA_VISIBLE_DEVICES, torch's parse of it, and the GPUs each child sees",
                  fontsize=10)
