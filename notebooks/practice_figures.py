@@ -42,7 +42,8 @@ def draw_overlap(overlap, steps=(0, -1)):
     for n, (ax, step) in enumerate(zip(axes, steps)):
         number = step % len(runs[0]) + 1
         rows = overlap_rows(runs, step)
-        title = f"step {number}: {max(len(r[step]['buckets']) for r in runs)} bucket(s)"
+        count = max(len(r[step]["buckets"]) for r in runs)
+        title = f"step {number}: {count} bucket{'s' if count > 1 else ''}"
         drawn[title] = timeline(ax, rows, legend=n == len(steps) - 1)
         ax.set_title(title, loc="left")
         if n < len(steps) - 1:

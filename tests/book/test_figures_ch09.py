@@ -28,7 +28,7 @@ def test_the_overlap_figure_draws_every_ready_time_and_every_buckets_all_reduce(
     runs = recorded["overlap"]["steps_per_rank"]
     fig, drawn = draw_overlap(recorded["overlap"])
     plt.close(fig)
-    assert list(drawn) == ["step 1: 1 bucket(s)", f"step {len(runs[0])}: 2 bucket(s)"]
+    assert list(drawn) == ["step 1: 1 bucket", f"step {len(runs[0])}: 2 buckets"]
     for (title, rows), step in zip(drawn.items(), (0, -1)):
         origin = min(steps[step]["backward_start"] for steps in runs)
         for rank, steps in enumerate(runs):
