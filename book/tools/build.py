@@ -294,8 +294,8 @@ def copy_outputs(english, translation):
 
 
 def write_execution_times(edition):
-    """book/execution-times.md in the copy, from its timings, and under the title of each
-    chapter executed beside another, a note saying so (once: --render-only finds it there)."""
+    """book/execution-times.md in the copy, from its timings: how each chapter executed, alone
+    or beside another (whose speeds are then a shared machine's: the page says so, once)."""
     text, rows = words(edition.name), []
     machine = MACHINE.read_text().strip() if MACHINE.exists() else text["machine"]
     for case in ET.parse(edition.timings).getroot().iter("testcase"):
@@ -307,13 +307,6 @@ def write_execution_times(edition):
         f"{text[result]} | {text[how]} |" for name, seconds, result, how in sorted(rows)]
     (edition.src / "book" / "execution-times.md").write_text(text["times_page"].format(
         machine=machine, rows="\n".join(table), total=sum(row[1] for row in rows)), encoding="utf-8")
-    note = {"cell_type": "markdown", "id": "build-executed-beside", "metadata": {},
-            "source": text["beside_note"].replace("{machine}", machine)}
-    beside = {name for name, _, _, how in rows if how == "beside"}
-    for path, notebook in notebooks_in(edition.src / "notebooks"):
-        said = any(cell.get("id") == note["id"] for cell in notebook["cells"])
-        if path.stem in beside and not said:
-            notebook["cells"].insert(1, dict(note))
 
 
 def render(editions):

@@ -144,23 +144,37 @@ def conditions_html(run, name, language="en"):
     return f'<p class="gpu-recording-conditions gpu-recording-loaded">{text["gpu_loaded"].format(how=how)}</p>'
 
 
+def header(run, state, loaded, language="en"):
+    """The box's one line: the GPU, torch, the date, and whether it is current."""
+    text = words(language)
+    if state == "missing":
+        return text["gpu_header_missing"]
+    torch = re.search(r"torch ([^\s,;]+)", run["hardware"])
+    line = text[f"gpu_header_{state}"].format(gpu=run["hardware"].split(";")[0].strip(),
+                                              torch=torch.group(1) if torch else "?",
+                                              date=run["date"])
+    return line + (text["gpu_header_loaded"] if loaded else "")
+
+
 def box(run, entry, current_hash, multi_gpu, language="en", name=""):
-    """(outputs, stale): one recording's label for a cell, then what the cell printed there."""
+    """(outputs, stale): one recording's box for a cell, a line with the rest collapsed, then
+    what the cell printed there."""
     text = words(language)
     title = html.escape(f"{run['hardware']}; {run['date']}; commit {run['commit']}")
-    if entry is None:
-        said = f'<p class="gpu-recording-label">{text["gpu_missing"].format(title=title)}</p>'
-        return [head(f'<div class="gpu-recording gpu-recording-stale">{said}</div>')], True
-    stale = entry["source_sha256"] != current_hash
-    said = text["gpu_stale" if stale else "gpu_current"].format(title=title)
-    shown = f'<p class="gpu-recording-label">{said}</p>' + conditions_html(run, name, language)
+    state = "missing" if entry is None else (
+        "stale" if entry["source_sha256"] != current_hash else "current")
+    conditions = "" if entry is None else conditions_html(run, name, language)
+    said = text[f"gpu_{state}"].format(title=title)
+    shown = f'<p class="gpu-recording-label">{said}</p>' + conditions
     if multi_gpu and run.get("gpus", 0) < 2:
         shown += f'<p class="gpu-recording-multi">{text["gpu_one_gpu"]}</p>'
-    if not entry["outputs"]:
+    if entry is not None and not entry["outputs"]:
         shown += f"<p><em>{text['gpu_no_output']}</em></p>"
-    kind = "gpu-recording-stale" if stale else "gpu-recording-current"
-    return [head(f'<div class="gpu-recording {kind}">{shown}</div>'),
-            *map(page_output, entry["outputs"])], stale
+    line = html.escape(header(run, state, "gpu-recording-loaded" in conditions, language))
+    kind = "gpu-recording-current" if state == "current" else "gpu-recording-stale"
+    label = head(f'<div class="gpu-recording {kind}"><details><summary class="gpu-recording-header">'
+                 f"{line}</summary>{shown}</details></div>")
+    return [label, *map(page_output, entry["outputs"] if entry else [])], state != "current"
 
 
 def added_cell(cell):

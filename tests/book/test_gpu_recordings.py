@@ -116,6 +116,12 @@ def test_a_recorded_output_is_shown_current_and_labelled():
     assert cell["outputs"][0] == stream("Not measured here\n"), "the build's own output first"
     [shown] = added_boxes(cell)
     assert "gpu-recording-current" in shown and "Stale" not in shown
+    # one line to read, the rest one click away
+    line, rest = re.fullmatch(r'<div class="gpu-recording [\w-]+"><details><summary class='
+                              r'"gpu-recording-header">(.*?)</summary>(.*)</details></div>',
+                              shown, re.S).groups()
+    assert line.startswith("Recorded on 1 x NVIDIA H200 · torch 2.11.0+cu130 · 2026-11-30")
+    assert "commit 27a4f98" in rest and "commit" not in line
     assert recording[1]["date"] in shown and "commit 27a4f98" in shown and "H200" in shown
     # after the label, what the cell printed there: outputs of the cell that myst-nb renders,
     # text as display data (a stream would be merged into the build machine's, above)
@@ -148,7 +154,10 @@ def test_a_changed_cell_is_detected_as_stale_on_the_page_and_in_the_build_output
     cells = {c.get("id"): c for c in json.loads(executed.read_text())["cells"]}
     shown = added_boxes(cells["ch02-31"])
     assert len(shown) == 1 and "gpu-recording-stale" in shown[0]
-    assert "Stale recording" in shown[0] and "make gpu-check" in shown[0]
+    assert "Stale recording" in shown[0] and "make gpu-check" not in shown[0]   # for maintainers
+    header = re.search(r'<summary class="gpu-recording-header">(.*?)</summary>', shown[0]).group(1)
+    assert header == ("Stale recording · 1 x NVIDIA H200 · torch 2.11.0+cu130 · 2026-11-30 · "
+                      "the code changed since · loaded machine"), header
     # the cells that did not change stay current
     assert "gpu-recording-current" in added_boxes(cells["ch02-33"])[0]
 
@@ -167,9 +176,11 @@ def test_a_cell_newer_than_the_recording_is_said_to_be_unrecorded():
 def test_multi_gpu_cells_say_no_multi_gpu_recording_exists():
     notebook = load_notebook(ROOT / "notebooks" / "04_data_parallel.ipynb")
     gpu_recordings.annotate(notebook, "04_data_parallel.ipynb", RECORDINGS)
+    by_id = {c.get("id"): c for c in notebook["cells"]}
     for cell in gpu_recordings.gpu_cells(notebook):
         multi = gpu_recordings.MULTI_GPU_TAG in cell["metadata"]["tags"]
-        text = " ".join(added_boxes(cell))
+        below = by_id.get(f"{cell['id']}-gpu")   # a figure's recording: in the cell below
+        text = " ".join(added_boxes(cell) + (added_boxes(below) if below else []))
         assert ("No multi-GPU recording exists yet" in text) == (
             multi and not any(run["gpus"] >= 2 for _, run, _ in RECORDINGS)), cell["id"]
 

@@ -297,8 +297,14 @@ def test_recorded_gpu_output_is_shown_beside_the_build_machine_output(opened, sc
     cell = page.locator(f"article div.cell.tag_gpu-output:has({after_label}"
                         ":has-text('pinned, .to(device)'))").first
     cell.scroll_into_view_if_needed()
-    text = cell.locator("div.gpu-recording").first.inner_text()  # current or stale, the label
-    assert "H200" in text and ("Recorded on" in text or "Stale recording from" in text), text[:300]
+    box = cell.locator("div.gpu-recording").first   # current or stale: one line, then details
+    header = box.locator("summary").inner_text()
+    assert "H200" in header and "torch 2.11" in header and "\n" not in header.strip(), header
+    assert box.locator("details").evaluate("d => !d.open"), "the details should start collapsed"
+    assert "4 notebooks ran at once" not in box.inner_text()
+    box.locator("summary").click()
+    text = box.inner_text()
+    assert "Recorded on" in text or "Stale recording from" in text, text[:300]
     assert "4 notebooks ran at once" in text, text[:300]
     shown = cell.locator(after_label).first
     assert "pinned, .to(device)" in " ".join(cell.locator(after_label).all_inner_texts())
