@@ -64,3 +64,13 @@ def test_code_is_shown_as_a_fenced_block_the_page_highlights(monkeypatch):
     assert [line for line in changed if not line.startswith("@@")] == ["-b = 2", "+b = 3"]
     text = shown[0].data
     assert text.startswith("```diff\n--- old.py\n+++ new.py\n") and text.endswith("\n```")
+
+
+def test_the_parts_of_a_step_take_their_kinds_colours():
+    from ddp_scripts.step_parts import PARTS, REMAINDER
+    kinds = {"data wait": "data", "copy to device": "copy", "forward": "forward",
+             "backward compute": "backward", "communication not hidden": "communication",
+             "optimizer": "optimizer", REMAINDER: "other"}
+    assert set(kinds) == {*PARTS, REMAINDER}
+    for part, kind in kinds.items():
+        assert figures.colour(part) == figures.KINDS[kind]
