@@ -202,6 +202,19 @@ def test_a_sharded_run_resumed_on_fewer_ranks_equals_an_uninterrupted_one():
     assert max_difference(momentum_buffers(resumed), momentum_buffers(straight)) < 1e-12
 
 
+def test_the_memory_calculator_equals_what_every_rank_held():
+    """Chapter 11's memory run on 4 ranks: memory_plan.py's prediction, part by part, as the
+    chapter prints it."""
+    from notebooks.fsdp_memory import MEASURED, plan_for, read_run
+    measured, settings = read_run(built_run("ch11-memory") / "memory.jsonl")
+    planned = plan_for(settings)
+    assert settings["world_size"] == 4 and len(measured) == 1 + 3 * 4
+    for (strategy, rank), record in measured.items():
+        for part in MEASURED:
+            assert record[part] == planned[strategy][rank][part], (strategy, rank, part)
+    output = output_of("11_fsdp", "ch11-mem-run")
+    assert "every part equal to the byte on every rank: True" in output, output
+
 # The whole build ------------------------------------------------------------------------------
 def test_the_build_left_no_process_behind():
     """Every run a chapter started, failed, killed or timed out included, has ended."""
