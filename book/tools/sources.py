@@ -370,6 +370,32 @@ def figures_are_named_captioned_and_described(root, path, number, notebook):
     return found
 
 
+@check
+def the_landing_page_gives_each_chapter_its_own_time_and_the_sums(root):
+    """book/intro.md (and its Chinese page): a row per chapter with the minutes its first cell
+    states, the total of them all and of the core path, as the page says them."""
+    stated = {}
+    for path, number in chapters(root):
+        found = re.search(r"\*\*Estimated time\.\*\*\D*(\d+) min", cell_source(load_notebook(path)["cells"][0]))
+        if found:
+            stated[path.stem] = int(found.group(1))
+    problems, row = [], re.compile(r"^\| \{doc\}`\.\./notebooks/(\w+)` \| (\d+) (?:min|分钟) \|(.*)$", re.M)
+    for page in (root / "book" / "intro.md", root / "book" / "zh" / "intro.md"):
+        text, where = page.read_text(encoding="utf-8"), name(root, page)
+        rows = {stem: (int(minutes), rest) for stem, minutes, rest in row.findall(text)}
+        for stem, minutes in stated.items():
+            if stem not in rows:
+                problems.append(f"{where}: no row for {stem}")
+            elif rows[stem][0] != minutes:
+                problems.append(f"{where}: {rows[stem][0]} min for {stem}, the chapter says {minutes}")
+        core = sum(stated.get(stem, 0) for stem, (_, rest) in rows.items()
+                   if re.match(r"\s*(core|核心)\s*\|", rest))
+        for what, minutes in (("every chapter's", sum(stated.values())), ("the core path's", core)):
+            if not re.search(rf"[（(]{minutes} (?:minutes|分钟)[)）]", text):
+                problems.append(f"{where}: should give {what} time, ({minutes} minutes)")
+    return problems
+
+
 # --- the repository's address -------------------------------------------------------------------
 
 @check

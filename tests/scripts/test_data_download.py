@@ -50,7 +50,7 @@ def test_a_slow_host_gives_up_in_the_time_limit_and_says_how_to_place_the_file(s
 
 
 def test_a_refused_connection_says_how_to_place_the_file(tmp_path):
-    with pytest.raises(OSError, match=f"by hand and run again$"):
+    with pytest.raises(OSError, match="by hand and run again$"):
         data.fetch_archive(tmp_path, url="http://127.0.0.1:9/none.tar.gz", limit_s=5)
 
 

@@ -10,7 +10,7 @@ import pytest
 from book_files import (BUILT_SOURCES, HTML, ROOT, TIMINGS, Page, cell_source, chapters,
                         config, load_notebook, page_for, site_config, toc_entries)
 
-from book.tools import build, gpu_recordings, offline_assets, words
+from book.tools import gpu_recordings, offline_assets
 
 CHAPTERS = chapters()
 RECORDINGS = gpu_recordings.load_recordings()   # oldest first
