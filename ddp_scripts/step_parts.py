@@ -37,17 +37,18 @@ from ddp_scripts.ranks import init_process_group
 # The cases, run one after the other in the same processes. batch_size is the global batch
 # (split over the processes); decode_us stands in for decoding each image (the loader sleeps).
 # Each process computes with one thread, so N processes use N cores; threads "all" gives every
-# process all the usable cores instead, so that processes x threads exceeds the cores.
+# process all the usable cores instead, so that processes x threads exceeds the cores (and,
+# being slow, it runs fewer steps).
 CASES = {
     "batch 64": {"batch_size": 64},
     "batch 8": {"batch_size": 8},
     "slow loader": {"batch_size": 64, "decode_us": 150},
-    "all cores each": {"batch_size": 64, "threads": "all"},
+    "all cores each": {"batch_size": 64, "threads": "all", "steps": 8, "warmup": 2},
 }
 PHASES = ["data wait", "copy to device", "forward", "backward", "optimizer"]
 PARTS = ["data wait", "copy to device", "forward", "backward compute",
          "communication not hidden", "optimizer"]
-REMAINDER = "rest (loop, timers)"
+REMAINDER = "other (loop, timers)"
 
 
 def parse_args(argv=None):
@@ -145,15 +146,18 @@ def run_case(name, settings, device, world_size, rank, args):
     batch = settings["batch_size"]
     if batch % world_size:
         raise UsageError(f"case {name!r}: global batch {batch} does not split over {world_size}")
-    total = args.warmup + args.steps + (args.probe_steps if world_size > 1 else 0)
+    timed = min(args.steps, settings.get("steps", args.steps))
+    warmup = min(args.warmup, settings.get("warmup", args.warmup))
+    probe = min(args.probe_steps, timed)
+    total = warmup + timed + (probe if world_size > 1 else 0)
     batches = iter(loader(batch // world_size, total, settings.get("decode_us", 0), rank))
     model = build_model("cnn").to(device)
     if world_size > 1:
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    timed_steps(model, optimizer, batches, device, args.warmup)
-    steps = timed_steps(model, optimizer, batches, device, args.steps)
-    probes = timed_steps(model, optimizer, batches, device, args.probe_steps, probe=True) \
+    timed_steps(model, optimizer, batches, device, warmup)
+    steps = timed_steps(model, optimizer, batches, device, timed)
+    probes = timed_steps(model, optimizer, batches, device, probe, probe=True) \
         if world_size > 1 else []
     result = {"settings": {**settings, "batch_per_process": batch // world_size,
                            "threads_per_process": threads},

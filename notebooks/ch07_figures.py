@@ -45,16 +45,19 @@ def grew(runs, case):
 
 def draw_step_parts(axes, runs, cases):
     """One panel per case, one bar per run: the parts in ms, the measured step as a tick."""
-    drawn = {}
+    drawn, legend = {}, {}
     for ax, case in zip(axes, cases):
         bars = {label: {part: run["cases"][case]["parts"][part] * 1e3
                         for part in [*PARTS, REMAINDER]} for label, run in runs.items()}
         totals = {label: run["cases"][case]["step"] * 1e3 for label, run in runs.items()}
         drawn[case] = stacked_bars(ax, bars, unit="ms per step", total=totals)
         ax.set_title(case, loc="left")
-        if ax is not axes[-1]:
-            ax.get_legend().remove()
-            ax.set_xlabel("")
+        ax.get_legend().remove()
+        ax.set_xlabel("")
+        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
+    axes[-1].set_xlabel("ms per step")
+    axes[0].figure.legend(list(legend.values()), list(legend), loc="outside lower center",
+                          ncol=2, frameon=False)
     return drawn
 
 
@@ -77,13 +80,19 @@ def draw_speedups(axes, sources):
     """One panel per source ({title: {config: x CPU}}), one bar per configuration."""
     drawn = {}
     for ax, (title, speedups) in zip(axes, sources.items()):
+        if not speedups:  # every speed unreliable or skipped: say so where the bars would be
+            ax.text(0.5, 0.5, "no reliable speed-up to draw", transform=ax.transAxes,
+                    ha="center", va="center", color="gray")
+            ax.set_yticks([])
         bars = {config: {config: value} for config, value in speedups.items()}
-        drawn[title] = stacked_bars(ax, bars, unit="speed-up over the CPU (x)")
-        ax.get_legend().remove()
+        drawn[title] = stacked_bars(ax, bars, unit="speed-up over the CPU (x)") if bars else {}
+        if ax.get_legend():
+            ax.get_legend().remove()
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_title(title, loc="left")
         if ax is not axes[-1]:
             ax.set_xlabel("")
         for y, value in enumerate(speedups.values()):
             ax.text(value, y, f" {value:.2f}x", va="center")
+    axes[-1].set_xlabel("speed-up over the CPU (x)")
     return drawn

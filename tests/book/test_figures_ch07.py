@@ -84,3 +84,16 @@ def test_the_article_file_holds_the_numbers_it_quotes():
     article = json.loads(ARTICLE.read_text())
     quoted = [float(line.rsplit("耗時", 1)[1].rstrip("s")) for line in article["quote"][1:]]
     assert quoted == list(article["wall_s"].values())
+
+
+def test_a_speed_marked_unreliable_gets_no_bar():
+    results = benchmark.load_results(ROOT / "results/cpu-2core-2026-11-30.json")
+    assert set(ch07_figures.measured_speedups(results)) == {"cpu", "ddp"}
+    for run in results["runs"]:
+        if run["config"] == "ddp":
+            run["reliable"] = False
+    assert set(ch07_figures.measured_speedups(results)) == {"cpu"}
+    for run in results["runs"]:
+        if run["config"] == "cpu":
+            run["reliable"] = False  # the baseline too: no ratio can be drawn
+    assert ch07_figures.measured_speedups(results) == {}
