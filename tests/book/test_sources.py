@@ -47,7 +47,8 @@ def test_the_committed_sources_pass_every_check(monkeypatch, capsys):
 def copy(tmp_path):
     """What the editorial checks read, copied: the settings, the English chapters, the front
     matter, the set-up cell and the scripts the chapters include."""
-    for name in ("_toc.yml", "_config.yml", "README.md", "pyproject.toml", "book/tools/setup_cell.py"):
+    for name in ("_toc.yml", "_config.yml", "README.md", "pyproject.toml", "book/tools/setup_cell.py",
+                 "book/zh/intro.md"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, tmp_path / name)
     for folder, pattern in (("notebooks", "*.ipynb"), ("book", "*.md")):
@@ -99,6 +100,20 @@ def lengthen_the_first_chapter_in_the_guide(root):
         lambda m: f"{m.group(1)}{int(m.group(2)) + 1}{m.group(3)}", text, flags=re.M))
 
 
+def lengthen_the_first_chapter_on_the_landing_page(root):
+    stem = first_chapter(root).stem
+    edit_text(root / "book" / "intro.md", lambda text: re.sub(
+        rf"^(\| {{doc}}`../notebooks/{stem}` \| )(\d+)( min \|)",
+        lambda m: f"{m.group(1)}{int(m.group(2)) + 1}{m.group(3)}", text, flags=re.M))
+
+
+def a_figure_without_alt_text(notebook):
+    notebook["cells"].insert(2, {"cell_type": "code", "id": "planted-figure", "execution_count": None,
+                                 "outputs": [], "source": "plt.show()", "metadata": {"mystnb": {
+                                     "figure": {"name": "fig-ch01-planted",
+                                                "caption": "A figure a reader cannot read."}}}})
+
+
 PLANTED = {   # a flaw: (the check that must find it, how to plant it in the copy)
     "a toc entry without its file": (
         sources.toc_entries_exist, lambda root: first_chapter(root).unlink()),
@@ -140,6 +155,12 @@ PLANTED = {   # a flaw: (the check that must find it, how to plant it in the cop
     "another time in the instructor guide": (
         sources.the_instructor_guide_lists_the_chapter_with_its_own_time,
         lengthen_the_first_chapter_in_the_guide),
+    "another time on the landing page": (
+        sources.the_landing_page_gives_each_chapter_its_own_time_and_the_sums,
+        lengthen_the_first_chapter_on_the_landing_page),
+    "a figure without alt text": (
+        sources.figures_are_named_captioned_and_described,
+        lambda root: edit_notebook(root, a_figure_without_alt_text)),
     "the set-up cell fetching another repository": (
         sources.the_setup_cell_names_the_configured_repository, lambda root: edit_text(
             root / "book/tools/setup_cell.py",
