@@ -160,6 +160,7 @@ def test_the_other_scripts_check_their_numbers_too(tmp_path, script, option, val
     ("overhead_benchmark.py", ["--threads", "0"], "--threads must be at least 1, got 0"),
     ("gpu_micro.py", ["--train-samples", "x"], "--train-samples must be a whole number, got 'x'"),
     ("fsdp_anatomy.py", ["--width", "0"], "--width must be at least 1, got 0"),
+    ("ddp_anatomy.py", ["--samples", "0"], "--samples must be at least 1, got 0"),
     ("old_launch_style.py", ["--rank", "0", "--world-size", "0", "--init-file", "unused-init"],
      "--world-size must be at least 1, got 0"),
 ])
