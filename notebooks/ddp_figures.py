@@ -211,3 +211,41 @@ def draw_timeline(axes, ranks, steps=(1, 2), shown=(0, 1)):
         drawn[step] = timeline(ax, rows, legend=step == steps[-1])
         ax.set_title(f"step {step}")
     return drawn
+
+
+def draw_metrics(left, right, metrics):
+    """A run's per-epoch losses (left) and test accuracy (right), from its metrics.jsonl rows.
+    Returns {line label: (epochs, values)} as drawn."""
+    drawn = {}
+    for ax, column, style, label in ((left, "train_loss", "o-", "train loss"),
+                                     (left, "test_loss", "s--", "test loss"),
+                                     (right, "test_accuracy", "o-", "test accuracy")):
+        line, = ax.plot(metrics["epoch"], metrics[column], style, label=label,
+                        color=colour("data") if ax is right else None)
+        drawn[label] = (list(line.get_xdata()), list(line.get_ydata()))
+    left.set_ylabel("cross-entropy")
+    left.legend()
+    right.set_ylabel("test accuracy")
+    for ax in (left, right):
+        ax.set_xlabel("epoch")
+        ax.set_xticks(metrics["epoch"])
+    return drawn
+
+
+def draw_equivalence(ax, table):
+    """Per comparison (the table's index), the largest parameter difference as a bar and the
+    largest change by training as a tick, on a log scale. Returns {"bars", "ticks"}: (row, value)."""
+    positions = list(range(len(table)))
+    colours = [colour("", 0 if name.startswith("float32") else 1) for name in table.index]
+    bars = ax.barh(positions, table["largest |difference|"], color=colours,
+                   label="largest |difference|")
+    ax.scatter(table["largest change by training"], positions, marker="|", s=400,
+               color="black", zorder=3, label="largest change by training")
+    ax.set_yticks(positions, list(table.index))
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.set_xlabel("parameter difference (log scale)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, frameon=False)
+    ticks = ax.collections[-1].get_offsets()
+    return {"bars": [(name, bar.get_width()) for name, bar in zip(table.index, bars)],
+            "ticks": [(name, float(x)) for name, (x, _) in zip(table.index, ticks)]}

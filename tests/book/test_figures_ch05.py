@@ -107,3 +107,39 @@ def test_the_timeline_draws_the_hooks_times(ranks, figure):
     # from step 2 on, the first bucket is sent before backward has made the last gradient
     first_send = min(e["start"] for e in second if e["kind"] == "all-reduce")
     assert first_send < max(e["at"] for e in second if e["kind"] == "gradient")
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """A short run of train_single.py: its metrics, its checkpoint, and where it started."""
+    from ddp_scripts.checkpoints import load_checkpoint
+    from ddp_scripts.launcher import run_script
+    from ddp_scripts.models import build_model
+    out = tmp_path_factory.mktemp("ch05-single")
+    metrics = run_script("train_single.py", out=out, epochs=2, batch_size=16, dataset="synthetic",
+                         train_samples=64, test_samples=32, device="cpu", threads=1,
+                         echo=lambda line: None)
+    return metrics, load_checkpoint(out / "checkpoint.pt")["model"], build_model("cnn", seed=0)
+
+
+def test_the_metrics_figure_draws_what_rank_0_logged(small_run, figure):
+    metrics = small_run[0]
+    left_right = figure(1, 2)[1]
+    drawn = ddp_figures.draw_metrics(*left_right, metrics)
+    for label, column in (("train loss", "train_loss"), ("test loss", "test_loss"),
+                          ("test accuracy", "test_accuracy")):
+        assert drawn[label] == (list(metrics["epoch"]), list(metrics[column]))
+
+
+def test_the_equivalence_figure_draws_the_tables_gaps_and_changes(small_run, figure):
+    import pandas as pd
+    _, trained, start = small_run
+    start = start.state_dict()
+    moved = max((trained[k] - start[k]).abs().max().item() for k in trained)
+    smallest = min((trained[k] - start[k]).abs().max().item() for k in trained)
+    table = pd.DataFrame({"largest |difference|": [smallest, moved],
+                          "largest change by training": [moved, moved]},
+                         index=["float32, smallest layer change", "float64, largest"])
+    drawn = ddp_figures.draw_equivalence(figure()[1], table)
+    assert drawn["bars"] == list(zip(table.index, table["largest |difference|"]))
+    assert drawn["ticks"] == list(zip(table.index, table["largest change by training"]))
