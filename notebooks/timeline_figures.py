@@ -195,8 +195,11 @@ def micro_panels(micro):
 
 SHORT_PATHS = {"scripts' path (CPU tensors, DataLoader)": "DataLoader", "data on GPU": "on GPU",
                "data on GPU CUDA graph": "on GPU, graph",
-               "data on GPU channels_last bf16": "on GPU, bf16",
-               "data on GPU channels_last bf16 CUDA graph": "on GPU, bf16, graph"}
+               "data on GPU channels_last bf16": "on GPU, bf16 NHWC",
+               "data on GPU channels_last bf16 CUDA graph": "bf16 NHWC, graph"}
+
+
+MODEL_NAMES = {"cnn": "CNN", "resnet18": "ResNet-18"}
 
 
 def draw_micro(axes, panels):
@@ -211,8 +214,9 @@ def draw_micro(axes, panels):
         drawn[(model, batch)] = stacked_bars(ax, bars, unit="samples/s")
         for position, parts in enumerate(bars.values()):
             value = sum(parts.values())
-            ax.text(value, position, f" {value / 1e3:,.0f}k", va="center", fontsize=10)
-        ax.set_title(f"{'CNN' if model == 'cnn' else model}, batch {batch}")
+            thousands = f"{value / 1e3:,.1f}" if value < 1e4 else f"{value / 1e3:,.0f}"
+            ax.text(value, position, f" {thousands}k", va="center", fontsize=10)
+        ax.set_title(f"{MODEL_NAMES.get(model, model)}, batch {batch}")
         ax.set_xlim(0, max(sum(p.values()) for p in bars.values()) * 1.3)
         ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e3:,.0f}k" if x else "0")
         if ax is not axes[len(panels) - 1]:
