@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from book_files import HTML, chapters, load_notebook, page_for
+from book_files import HTML, chapters, load_notebook
 
 from book.tools import sources
 
