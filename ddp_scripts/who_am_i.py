@@ -10,7 +10,6 @@ and when it had joined the process group. It also records CUDA_VISIBLE_DEVICES, 
 reading of it, and the device pick_device gives its LOCAL_RANK (with the GPU's UUID), or why
 it gives none. Chapters 3 and 6 draw the job from these files.
 """
-import argparse
 import datetime
 import json
 import os
