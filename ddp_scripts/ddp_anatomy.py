@@ -55,10 +55,10 @@ def sampler_share(samples):
     return {"dataset_size": samples, "total_size": sampler.total_size, "indices": list(sampler)}
 
 
-def gradients(indices):
+def gradients(indices, samples):
     """A tiny layer's gradient on this rank's samples, before and after DDP's all-reduce."""
     torch.manual_seed(0)  # the same data set and the same layer on every rank
-    features, targets = torch.randn(max(indices) + 1, 3), torch.randn(max(indices) + 1, 2)
+    features, targets = torch.randn(samples, 3), torch.randn(samples, 2)
     layer = DDP(torch.nn.Linear(3, 2))
     seen = {}
 
@@ -131,7 +131,7 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     share = sampler_share(args.samples)
-    mine = {"job": job(), "sampler": share, "gradients": gradients(share["indices"]),
+    mine = {"job": job(), "sampler": share, "gradients": gradients(share["indices"], args.samples),
             "timeline": timeline()}
     ranks = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
