@@ -5,6 +5,7 @@ Each function takes what a run wrote and draws it with notebooks.figures; it ret
 drew, so a test can hold the drawing to the data.
 """
 import json
+import textwrap
 
 from ddp_scripts import benchmark
 from ddp_scripts.step_parts import PARTS, REMAINDER, part_that_grew
@@ -96,3 +97,52 @@ def draw_speedups(axes, sources):
             ax.text(value, y, f" {value:.2f}x", va="center")
     axes[-1].set_xlabel("speed-up over the CPU (x)")
     return drawn
+
+
+def draw_run(left, right, results):
+    """A benchmark run: where each configuration's wall time went (left), and its speed-ups
+    (right), with no bar for a speed-up that has an unreliable speed in it."""
+    runs = results["runs"]
+    table = benchmark.results_table(results)
+    names = [run["config"] for run in runs]
+    bars, walls = {}, {}
+    for y, run in enumerate(runs):
+        bars[run["config"]] = {}
+        if run["status"] != "measured":
+            left.text(0, y, f"  {run['status']}", va="center", color="gray")
+            continue
+        epochs = sum(run["epoch_time_s"])
+        bars[run["config"]] = {"start-up": run["startup_s"], "training epochs": epochs,
+                               "the rest (evaluation, exit)":
+                                   max(0.0, run["wall_s"] - run["startup_s"] - epochs)}
+        walls[run["config"]] = run["wall_s"]
+    drawn_wall = stacked_bars(left, bars, unit="wall time (s)", total=walls)
+    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, frameon=False)
+    width = 0.4
+    x = range(len(names))
+    # A speed-up with an unreliable speed in it (the run's or its baseline's): not drawn.
+    shaky = [table.loc[config, "ratios"] == "unreliable" for config in names]
+    drawn = lambda column: [0 if s else v for v, s in zip(table[column].fillna(0), shaky)]
+    right.bar([i - width / 2 for i in x], drawn("x CPU"), width, label="vs CPU")
+    right.bar([i + width / 2 for i in x], drawn("x 1 GPU"), width, label="vs one GPU")
+    for i, config in enumerate(names):
+        if table.loc[config, "status"] != "measured":
+            right.text(i, 0.05, table.loc[config, "status"], ha="center", rotation=90,
+                       color="gray")
+        elif shaky[i]:
+            right.text(i, 0.05, "left out", ha="center", rotation=90, color="gray")
+    right.axhline(1.0, color="black", linewidth=0.8)
+    right.set_xticks(list(x), names)
+    right.set_ylabel("speed-up (steady epochs)")
+    right.legend()
+    unsteady = table[(table["status"] == "measured") & ~table["reliable"]]
+    if len(unsteady):
+        left_out = [config for config, s in zip(names, shaky) if s]
+        spreads = ", ".join(f"{config} spread {spread:.1f}x" for config, spread
+                            in unsteady["spread"].items())
+        right.set_title(textwrap.fill(
+            f"No speed-ups drawn for {', '.join(left_out)}: the steady epochs of "
+            f"{spreads}, fastest over slowest (more than the "
+            f"{results.get('reliable_spread')}x allowed). Other work held the cores then.",
+            45))
+    return drawn_wall, {"x CPU": drawn("x CPU"), "x 1 GPU": drawn("x 1 GPU")}

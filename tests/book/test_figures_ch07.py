@@ -97,3 +97,29 @@ def test_a_speed_marked_unreliable_gets_no_bar():
         if run["config"] == "cpu":
             run["reliable"] = False  # the baseline too: no ratio can be drawn
     assert ch07_figures.measured_speedups(results) == {}
+
+
+def test_the_run_figure_draws_each_runs_wall_time_and_no_unreliable_speedup():
+    results = benchmark.load_results(ROOT / "results/cpu-2core-2026-11-30.json")
+    runs = {run["config"]: run for run in results["runs"]}
+    fig, (left, right) = new_figure(1, 2)
+    wall, speedups = ch07_figures.draw_run(left, right, results)
+    cpu = runs["cpu"]
+    epochs = sum(cpu["epoch_time_s"])
+    assert wall["cpu"] == [("start-up", 0.0, cpu["startup_s"]),
+                           ("training epochs", cpu["startup_s"], epochs),
+                           ("the rest (evaluation, exit)", cpu["startup_s"] + epochs,
+                            pytest.approx(cpu["wall_s"] - cpu["startup_s"] - epochs))]
+    assert wall["gpu"] == []                               # skipped: no bar
+    ticks = [point[0] for point in left.collections[0].get_offsets()] + \
+            [point[0] for point in left.collections[1].get_offsets()]
+    assert ticks == [runs["cpu"]["wall_s"], runs["ddp"]["wall_s"]]
+    table = benchmark.results_table(results)
+    assert speedups["x CPU"] == pytest.approx(list(table["x CPU"].fillna(0)))
+    matplotlib.pyplot.close(fig)
+    runs["ddp"]["reliable"] = False                        # then its speed-up is not drawn
+    fig, (left, right) = new_figure(1, 2)
+    _, speedups = ch07_figures.draw_run(left, right, results)
+    assert speedups["x CPU"][list(runs).index("ddp")] == 0
+    assert speedups["x CPU"][list(runs).index("cpu")] == 1.0
+    matplotlib.pyplot.close(fig)
