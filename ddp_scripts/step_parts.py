@@ -43,7 +43,7 @@ CASES = {
     "batch 64": {"batch_size": 64},
     "batch 8": {"batch_size": 8},
     "slow loader": {"batch_size": 64, "decode_us": 150},
-    "all cores each": {"batch_size": 64, "threads": "all", "steps": 8, "warmup": 2},
+    "all cores each": {"batch_size": 64, "threads": "all", "steps": 5, "warmup": 1},
 }
 PHASES = ["data wait", "copy to device", "forward", "backward", "optimizer"]
 PARTS = ["data wait", "copy to device", "forward", "backward compute",
@@ -54,9 +54,9 @@ REMAINDER = "other (loop, timers)"
 def parse_args(argv=None):
     p = ArgumentParser(description="Time each part of a training step, in 1 or N processes.")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {list(CASES)}")
-    p.add_argument("--steps", type=count, default=30, help="timed steps per case")
+    p.add_argument("--steps", type=count, default=20, help="timed steps per case")
     p.add_argument("--warmup", type=non_negative_int, default=5, help="untimed steps first")
-    p.add_argument("--probe-steps", type=count, default=10,
+    p.add_argument("--probe-steps", type=count, default=8,
                    help="DDP: steps whose backward runs in no_sync(), to time the compute")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--timeout-s", type=seconds, default=300)
