@@ -6,7 +6,8 @@ import os, pathlib, shutil, subprocess, sys
 REPOSITORY = "https://github.com/pytorch-gpu-book/pytorch-gpu-book"
 here = pathlib.Path.cwd().resolve()
 clone = here / "gpu-book"  # a notebook opened alone keeps its copy of the repository here
-places = [here, *here.parents, clone]
+unzipped = here / "pytorch-gpu-book"  # or the site's book-source.zip, unpacked beside it
+places = [here, *here.parents, clone, unzipped]
 ROOT = next((p for p in places if (p / "ddp_scripts" / "train_single.py").exists()), None)
 if ROOT is None:
     url = os.environ.get("BOOK_REPO_URL", REPOSITORY)
@@ -18,9 +19,12 @@ if ROOT is None:
         cloned = False
     if not cloned:
         shutil.rmtree(clone, ignore_errors=True)  # a half-made clone would block the next try
-        raise SystemExit(f"Could not clone {url} (time limit {limit:g} s). Download the "
-                         f"repository as a zip and unpack it as {clone}, or set BOOK_REPO_URL "
-                         f"to a mirror; then run this cell again.")
+        raise SystemExit(
+            f"Could not clone {url} (time limit {limit:g} s). Unpack book-source.zip (on the "
+            f"book's site, in How to run) or a zip of the repository into {here}, or set "
+            f"BOOK_REPO_URL to a mirror; then run this cell again.\n"
+            f"无法克隆 {url}（时限 {limit:g} 秒）。请把 book-source.zip（本书网站“如何运行”页）"
+            f"或仓库的 zip 解压到 {here}，或把 BOOK_REPO_URL 设为镜像地址，然后重新运行本单元格。")
     ROOT = clone
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

@@ -326,12 +326,28 @@ def test_setup_cell_alone_clones_the_repository_once(tmp_path):
 
 
 def clone_failed(result, url, clone):
-    """The set-up cell's one-line message: what failed, and what to do instead."""
-    message = result.stderr.strip().splitlines()[-1]
+    """The set-up cell's message, a line in each edition's language: what failed, and what to
+    do instead."""
+    english, chinese = result.stderr.strip().splitlines()[-2:]
     return (result.returncode != 0 and "Traceback" not in result.stderr
-            and "ROOT=" not in result.stdout and message.startswith(f"Could not clone {url}")
-            and "zip" in message and "BOOK_REPO_URL" in message and str(clone) in message
-            and not clone.exists())
+            and "ROOT=" not in result.stdout and english.startswith(f"Could not clone {url}")
+            and "book-source.zip" in english and "BOOK_REPO_URL" in english
+            and str(clone.parent) in english and chinese.startswith(f"无法克隆 {url}")
+            and "book-source.zip" in chinese and not clone.exists())
+
+
+def test_setup_cell_finds_the_site_s_source_archive_unpacked_beside_the_notebook(tmp_path):
+    import zipfile
+    from book.tools import build
+    alone = tmp_path / "content"
+    alone.mkdir()
+    with zipfile.ZipFile(build.source_archive(tmp_path / "source.zip")) as archive:
+        archive.extractall(alone)
+    log = tmp_path / "git.log"
+    result = run_setup_cell(alone, fake_git(tmp_path / "bin", log, clone_works=False))
+    assert result.returncode == 0, result.stderr
+    assert printed(result, "ROOT") == str(alone / build.ARCHIVE_FOLDER)
+    assert not log.exists(), "git was called although the unpacked archive was there"
 
 
 def test_setup_cell_alone_without_network_fails_with_one_line_that_says_what_to_do(tmp_path):
