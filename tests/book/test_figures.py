@@ -4,17 +4,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import pytest
 import torch
 
 from notebooks import figures
 
-
-@pytest.fixture
-def axes():
-    fig, ax = figures.new_figure()
-    yield ax
-    matplotlib.pyplot.close(fig)
 
 
 def test_a_timeline_draws_each_interval_where_the_run_put_it(axes):

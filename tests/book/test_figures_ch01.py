@@ -4,18 +4,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import pytest
 import torch
 
 from notebooks import device_figures
-from notebooks.figures import new_figure
 
-
-@pytest.fixture
-def axes():
-    fig, ax = new_figure()
-    yield ax
-    matplotlib.pyplot.close(fig)
 
 
 def test_the_visible_devices_figure_draws_what_each_child_saw(axes):

@@ -7,21 +7,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import pytest
 import torch
 import torch.nn.functional as F
 
 from ddp_scripts.data import load_datasets, make_loader
 from ddp_scripts.models import build_model
 from notebooks import loop_figures
-from notebooks.figures import new_figure
 
-
-@pytest.fixture
-def axes():
-    fig, ax = new_figure()
-    yield ax
-    matplotlib.pyplot.close(fig)
 
 
 def test_the_loss_curves_are_the_losses_the_run_recorded(axes):

@@ -10,16 +10,9 @@ import torch.nn as nn
 
 from ddp_scripts.models import Net, build_model
 from notebooks import dp_figures
-from notebooks.figures import new_figure
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
-
-@pytest.fixture
-def axes():
-    fig, ax = new_figure()
-    yield ax
-    matplotlib.pyplot.close(fig)
 
 
 @pytest.mark.parametrize("batch, devices", [(30, 4), (5, 4), (7, 2), (3, 8)])

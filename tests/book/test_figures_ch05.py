@@ -9,7 +9,6 @@ import torch
 
 from ddp_scripts.launcher import run_command, torchrun_command
 from notebooks import ddp_figures
-from notebooks.figures import new_figure
 
 WORLD = 4
 
@@ -21,18 +20,6 @@ def ranks(tmp_path_factory):
                 env={"OMP_NUM_THREADS": "1"}, echo=lambda line: None)
     return ddp_figures.load_anatomy(out)
 
-
-@pytest.fixture
-def figure():
-    made = []
-
-    def make(*args, **kwargs):
-        made.append(new_figure(*args, **kwargs))
-        return made[-1]
-
-    yield make
-    for fig, _ in made:
-        matplotlib.pyplot.close(fig)
 
 
 def test_the_job_figure_shows_each_process_as_it_described_itself(ranks, figure):

@@ -11,7 +11,6 @@ import torch
 
 from ddp_scripts.launcher import LaunchError, run_command, torchrun_command
 from notebooks import timeline_figures
-from notebooks.figures import new_figure
 
 TIMEOUT_S = 2
 
@@ -25,12 +24,6 @@ def hang(tmp_path_factory):
                     timeout=300, env={"OMP_NUM_THREADS": "1"}, echo=lambda line: None)
     return out
 
-
-@pytest.fixture
-def axes():
-    fig, ax = new_figure()
-    yield ax
-    matplotlib.pyplot.close(fig)
 
 
 def test_each_rank_recorded_its_arrival_and_the_timeout_that_ended_its_wait(hang):

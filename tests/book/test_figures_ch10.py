@@ -16,7 +16,6 @@ from ddp_scripts import train_single
 from ddp_scripts.data import TensorImages, make_loader, synthetic_cifar
 from ddp_scripts.models import build_model
 from notebooks import timeline_figures
-from notebooks.figures import new_figure
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO = ROOT / "results" / "gpu-runs" / "2026-11-30-h200" / "micro.txt"
@@ -32,18 +31,6 @@ def events():
         train_single.train_one_epoch(model, loader, optimizer, torch.device("cpu"))
     return prof.events()
 
-
-@pytest.fixture
-def figure():
-    made = []
-
-    def make(*args, **kwargs):
-        made.append(new_figure(*args, **kwargs))
-        return made[-1]
-
-    yield make
-    for fig, _ in made:
-        matplotlib.pyplot.close(fig)
 
 
 def test_a_step_is_the_loader_then_forward_backward_and_the_optimizer(events):
