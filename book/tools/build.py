@@ -409,6 +409,7 @@ def main(argv=None):
         same_code(EXECUTED, edition)
     if args.render_only and not (EXECUTED.timings.exists() and (EXECUTED.src / "notebooks").exists()):
         raise ToolError("nothing executed yet: build it first")
+    BUILD.mkdir(exist_ok=True)
     archive = source_archive(BUILD / SOURCE_ARCHIVE)
     for edition in editions:   # a translation's notebooks are made again from the execution
         stage(edition, notebooks=not args.render_only or edition in translated)
