@@ -215,6 +215,32 @@ def test_record_reads_tags_from_the_committed_notebooks_and_hashes_what_ran(tmp_
     assert entry["outputs"] == [stream("on cuda:0\ndone\n")]
 
 
+def test_a_gpu_figure_is_recorded_and_shown_as_the_image_the_gpu_drew(tmp_path):
+    """make gpu-check records a figure cell like any other: the PNG it drew there comes back
+    on the page, below the build's own figure, in a box of its own."""
+    figure = {"output_type": "display_data", "metadata": {},
+              "data": {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure size 700x320>"}}
+    cell = {"cell_type": "code", "id": "f", "source": "draw()", "execution_count": None,
+            "metadata": {"tags": ["gpu-output"], "mystnb": {"figure": {"name": "fig-ch09-x",
+                                                                      "caption": "A figure."}}},
+            "outputs": []}
+    notebook = {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "committed.ipynb").write_text(json.dumps(notebook))
+    ran = copy.deepcopy(notebook)
+    ran["cells"][0]["outputs"] = [figure]
+    (tmp_path / "ran.ipynb").write_text(json.dumps(ran))
+    recorded = gpu_recordings.record(tmp_path / "ran.ipynb", tmp_path / "committed.ipynb")
+    assert recorded["f"]["outputs"] == [figure]
+    run = {"hardware": "1 x NVIDIA H200; torch 2.11.0", "gpus": 1, "date": "2026-12-01",
+           "commit": "abc1234"}
+    page = copy.deepcopy(notebook)
+    page["cells"][0]["outputs"] = [dict(figure, data={"image/png": "CPU", "text/plain": "cpu"})]
+    gpu_recordings.annotate(page, "09_x.ipynb", [(tmp_path, run, {"09_x.ipynb": recorded})])
+    own, below = page["cells"]
+    assert [o["data"]["image/png"] for o in own["outputs"]] == ["CPU"]
+    assert [o["data"]["image/png"] for o in added_outputs(below)] == ["iVBORw0KGgo="]
+
+
 # --- outputs made ready for the page --------------------------------------------------------
 
 def test_consecutive_streams_of_one_name_merge_and_nothing_else_moves():
