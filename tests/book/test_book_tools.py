@@ -394,3 +394,13 @@ def test_a_long_deliberate_traceback_shows_the_reader_s_line_the_last_frame_and_
     assert notebook == once
     build.shorten_tracebacks(chinese := {"cells": [{"cell_type": "code", "outputs": [error_output(9)]}]}, "zh")
     assert "完整的回溯信息" in chinese["cells"][0]["outputs"][1]["data"]["text/plain"]
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+def test_the_left_out_line_highlights_as_a_traceback_in_both_languages(language):
+    """The page highlights an error with Pygments' ipythontb lexer, and -W makes a character it
+    cannot lex (full-width punctuation, say) a failed build."""
+    from pygments import lex
+    from pygments.lexers import get_lexer_by_name
+    line = build.words(language)["traceback_left_out"].format(frames=7)
+    assert [t for t in lex(line + "\n", get_lexer_by_name("ipythontb")) if str(t[0]) == "Token.Error"] == []
