@@ -245,7 +245,8 @@ def twins(english, translated, name):
     """[(English cell, translated cell)] for each code cell of the translated notebook, matched
     by id; a cell with no English twin, or with other code than its twin's, is a ToolError
     naming it (`python -m book.tools translations sync` copies the code)."""
-    cells = {cell.get("id"): cell for cell in english["cells"] if cell["cell_type"] == "code"}
+    cells = {cell.get("id"): cell for cell in english["cells"]   # not a recording's added cell
+             if cell["cell_type"] == "code" and not gpu_recordings.added_cell(cell)}
     pairs = []
     for cell in translated["cells"]:
         if cell["cell_type"] != "code":

@@ -404,3 +404,14 @@ def test_the_left_out_line_highlights_as_a_traceback_in_both_languages(language)
     from pygments.lexers import get_lexer_by_name
     line = build.words(language)["traceback_left_out"].format(frames=7)
     assert [t for t in lex(line + "\n", get_lexer_by_name("ipythontb")) if str(t[0]) == "Token.Error"] == []
+
+
+def test_a_cell_the_recordings_added_is_not_asked_of_the_translation():
+    """--render-only meets the executed notebook with a recorded figure's cell added below it
+    (gpu_recordings.annotate): the Chinese notebook has no such cell, and needs none."""
+    code = {"cell_type": "code", "id": "f", "source": "draw()", "metadata": {}, "outputs": []}
+    added = {"cell_type": "code", "id": "f-gpu", "source": "", "metadata": {"tags": ["remove-input"]},
+             "outputs": [{"output_type": "display_data", "data": {"text/plain": "box"},
+                          "metadata": {gpu_recordings.MARKER: "label"}}]}
+    pairs = build.twins({"cells": [code, added]}, {"cells": [dict(code)]}, "zh/x.ipynb")
+    assert [(english["id"], chinese["id"]) for english, chinese in pairs] == [("f", "f")]
