@@ -209,7 +209,9 @@ def annotate(notebook, name, recordings, language="en"):
             cell["outputs"], recorded = outputs[:mine], outputs[mine:]
             at = notebook["cells"].index(cell) + 1
             notebook["cells"].insert(at, {"cell_type": "code", "id": f"{cell['id']}-gpu",
-                                          "metadata": {"tags": ["remove-input"]}, "source": "",
+                                          "metadata": {"tags": ["remove-input"]},
+                                          # myst-nb leaves out a cell with no code at all
+                                          "source": "# what the cell above printed on a GPU",
                                           "execution_count": None, "outputs": recorded})
     return stale_lines
 

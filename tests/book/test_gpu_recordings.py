@@ -297,6 +297,7 @@ def test_a_recorded_figure_gets_a_cell_of_its_own_below_the_numbered_one():
     assert cell["outputs"] == own
     below = notebook["cells"][notebook["cells"].index(cell) + 1]
     assert below["id"] == "ch02-31-gpu" and "mystnb" not in below["metadata"]
+    assert below["source"].strip(), "myst-nb leaves out a code cell with no code"
     assert added_boxes(below) and added_outputs(below)
     gpu_recordings.annotate(notebook, "02_tensors_and_models.ipynb", [recording])   # again
     assert [c["id"] for c in notebook["cells"]].count("ch02-31-gpu") == 1
