@@ -153,10 +153,11 @@ def animate(fig, draw_frame, frames, interval_ms=900):
 
 
 # matplotlib's player draws its buttons with Font Awesome 4 from a CDN: on a page read offline
-# (or from a site that makes no outside request) the buttons would be blank. Plain symbols.
-PLAYER_ICONS = {"fa fa-minus": "−", "fa fa-fast-backward": "⏮", "fa fa-step-backward": "◀|",
-                "fa fa-play fa-flip-horizontal": "◀", "fa fa-pause": "⏸", "fa fa-play": "▶",
-                "fa fa-step-forward": "|▶", "fa fa-fast-forward": "⏭", "fa fa-plus": "+"}
+# (or from a site that makes no outside request) the buttons would be blank. Plain symbols,
+# from fonts every system has (each button keeps its title and aria-label).
+PLAYER_ICONS = {"fa fa-minus": "−", "fa fa-fast-backward": "«", "fa fa-step-backward": "‹",
+                "fa fa-play fa-flip-horizontal": "◀", "fa fa-pause": "||", "fa fa-play": "▶",
+                "fa fa-step-forward": "›", "fa fa-fast-forward": "»", "fa fa-plus": "+"}
 
 
 def offline_player(page):
