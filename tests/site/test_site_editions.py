@@ -11,7 +11,7 @@ import pytest
 
 from book_files import BUILD, HTML, ROOT, Page, chapters, site_config, toc_entries
 
-from book.tools import gpu_recordings
+from book.tools import build, gpu_recordings
 
 ZH = HTML / "zh"
 CHAPTERS = chapters()
@@ -69,9 +69,20 @@ def test_each_edition_says_its_language(editions):
 
 def outputs_by_id(notebook):
     """{code cell id: its outputs} of a notebook as the site offers it for download, without
-    the boxes of recorded GPU output (each edition's in its language)."""
-    return {cell["id"]: [output for output in cell["outputs"]
-                         if gpu_recordings.MARKER not in output.get("metadata", {})]
+    what the page step writes in each edition's language: the boxes of recorded GPU output, a
+    shortened traceback's left-out line and the whole traceback's box."""
+    left_out = [build.words(language)["traceback_left_out"].split("{frames}")[0]
+                for language in ("en", "zh")]
+
+    def as_run(output):
+        if output.get("output_type") == "error" and output.get("metadata", {}).get(build.SHORTENED):
+            return dict(output, traceback=[part for part in output["traceback"]
+                                           if not part.startswith(tuple(left_out))])
+        return output
+    return {cell["id"]: [as_run(output) for output in cell["outputs"]
+                         if gpu_recordings.MARKER not in output.get("metadata", {})
+                         and not (output.get("output_type") == "display_data"
+                                  and output.get("metadata", {}).get(build.SHORTENED))]
             for cell in notebook["cells"] if cell["cell_type"] == "code"}
 
 
