@@ -20,7 +20,8 @@ WHY = {
     "backward compute": "each process gets less of a core: the processes, their threads and "
                         "other programs share the cores",
     "communication not hidden": "the all-reduce takes longer than the backward it overlaps: "
-                                "the model is too small for its communication",
+                                "too little compute per step to hide it, or processes that "
+                                "wait for a core before they can send",
     "optimizer": "each process gets less of a core for the optimizer's step",
     REMAINDER: "the loop itself, between the timed phases, took longer",
 }
