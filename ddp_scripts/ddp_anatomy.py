@@ -38,6 +38,7 @@ from torch.utils.data.distributed import DistributedSampler
 from ddp_scripts.cli import run_cli
 from ddp_scripts.models import build_model
 from ddp_scripts.options import ArgumentParser, count
+from ddp_scripts.practice.hooks import attach_timers
 
 
 def job():
@@ -81,29 +82,13 @@ def gradients(indices, samples):
 def timeline(steps=2, batch_size=16, bucket_cap_mb=0.05):
     """When each piece of work ran in each step on this rank, in ms from the step's start."""
     model = build_model("cnn", seed=0)
-    names = {parameter: name for name, parameter in model.named_parameters()}
     events, clock = [], {}
 
     def now():
         return (time.perf_counter() - clock["start"]) * 1000
 
-    for name, parameter in model.named_parameters():
-        parameter.register_post_accumulate_grad_hook(
-            lambda p, name=name: events.append({"kind": "gradient", "name": name, "at": now()}))
     ddp_model = DDP(model, bucket_cap_mb=bucket_cap_mb)
-
-    def timed_allreduce(state, bucket):
-        entry = {"kind": "all-reduce", "bucket": bucket.index(), "start": now(),
-                 "parameters": [names[p] for p in bucket.parameters()]}
-        events.append(entry)
-
-        def finished(future):
-            entry["end"] = now()  # the future completes when the bucket's all-reduce has
-            return future.value()[0]
-
-        return default_hooks.allreduce_hook(None, bucket).then(finished)
-
-    ddp_model.register_comm_hook(None, timed_allreduce)
+    attach_timers(ddp_model, now, events.append)   # gradients ready, buckets all-reduced
     torch.manual_seed(dist.get_rank())
     images, labels = torch.randn(batch_size, 3, 32, 32), torch.randint(0, 10, (batch_size,))
     recorded = []

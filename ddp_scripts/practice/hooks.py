@@ -50,41 +50,53 @@ def recorded_step(ddp, x):
     return events
 
 
+def attach_timers(ddp, now, record):
+    """Time what DDP does in backward on this rank, with hooks, on the clock now() (ms).
+
+    record(event) gets {"kind": "gradient", "name", "at"} when autograd has added a
+    parameter's gradient to .grad (a post-accumulate-grad hook), and {"kind": "all-reduce",
+    "bucket", "parameters", "bytes", "start"} when DDP launches a bucket's all-reduce (a comm
+    hook, which DDP calls once every gradient of the bucket is ready); that same dict gets
+    "end" when the all-reduce's future completes. Chapters 5 and 9 draw these events."""
+    names = {p: name for name, p in ddp.module.named_parameters()}
+    for parameter, name in names.items():
+        parameter.register_post_accumulate_grad_hook(
+            lambda _, name=name: record({"kind": "gradient", "name": name, "at": now()}))
+
+    def timed_allreduce(_, bucket):
+        event = {"kind": "all-reduce", "bucket": bucket.index(), "start": now(),
+                 "parameters": [names[p] for p in bucket.parameters()],
+                 "bytes": bucket.buffer().numel() * bucket.buffer().element_size()}
+        record(event)
+
+        def finished(future):       # runs when the all-reduce has completed
+            event["end"] = now()
+            return future.value()   # the averaged bucket, as allreduce_hook's future gives it
+
+        return allreduce_hook(None, bucket).then(finished)
+
+    ddp.register_comm_hook(None, timed_allreduce)
+
+
 def overlap(out):
     """Gradients ready and buckets all-reduced, per rank, step by step."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
-    names = {p: name for name, p in model.named_parameters()}
     ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
-    step_events = []
-
-    def on_ready(parameter):        # autograd has added this step's gradient to .grad
-        step_events[-1]["ready"].append((names[parameter], now_ms()))
-
-    for parameter in model.parameters():
-        parameter.register_post_accumulate_grad_hook(on_ready)
-
-    def timing_hook(_, bucket):     # DDP calls it when every gradient of a bucket is ready
-        record = {"index": bucket.index(), "launched": now_ms(),
-                  "parameters": [names[p] for p in bucket.parameters()],
-                  "bytes": bucket.buffer().numel() * bucket.buffer().element_size()}
-        step_events[-1]["buckets"].append(record)
-
-        def finished(future):       # runs when the all-reduce has completed
-            record["finished"] = now_ms()
-            return future.value()
-
-        return allreduce_hook(None, bucket).then(finished)
-
-    ddp.register_comm_hook(None, timing_hook)
+    events = []
+    attach_timers(ddp, now_ms, events.append)
     x = torch.randn(BATCH, WIDTH)
     steps = []
     for _ in range(STEPS):
-        step_events.append({"ready": [], "buckets": []})
+        events.clear()
         dist.barrier()              # both ranks start the step together
         timed = recorded_step(ddp, x)
-        steps.append({**timed, "ready": step_events[-1]["ready"],
-                      "buckets": step_events[-1]["buckets"]})
+        steps.append({**timed,
+                      "ready": [(e["name"], e["at"]) for e in events if e["kind"] == "gradient"],
+                      "buckets": [{"index": e["bucket"], "launched": e["start"],
+                                   "finished": e["end"], "parameters": e["parameters"],
+                                   "bytes": e["bytes"]}
+                                  for e in events if e["kind"] == "all-reduce"]})
     return {"layers": LAYERS, "width": WIDTH, "batch_per_rank": BATCH, "dtype": "float32",
             "bucket_cap_mb": BUCKET_CAP_MB, "world_size": dist.get_world_size(),
             "steps_per_rank": gather(steps)}

@@ -4,6 +4,8 @@ What each demonstrates is checked in the run chapter 9 makes (tests/site/test_ch
 """
 import ast
 
+import torch
+
 from helpers import ROOT, run_in_process
 
 PRACTICE = ROOT / "ddp_scripts" / "practice"
@@ -64,3 +66,32 @@ def test_a_practice_program_started_without_torchrun_says_so_in_one_line(tmp_pat
     done = run_in_process("practice/compression.py", "--out", tmp_path)
     assert done.returncode == 2 and "torchrun" in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 2
+
+
+def test_the_backward_timers_record_every_bucket_and_leave_the_gradients_as_ddp_makes_them(tmp_path):
+    """attach_timers (chapters 5 and 9) only watches: the gradients DDP leaves are the same
+    with and without it, and every bucket's all-reduce has a start and an end."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from ddp_scripts.practice.hooks import attach_timers
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        grads, events = [], []
+        for timed in (False, True):
+            torch.manual_seed(0)
+            model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 3)),
+                        bucket_cap_mb=0.01)
+            if timed:
+                attach_timers(model, lambda: 0.0, events.append)
+            for _ in range(2):   # the first step has one bucket; DDP rebuilds them after it
+                model.zero_grad()
+                model(torch.ones(4, 64)).square().sum().backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        assert all(torch.equal(a, b) for a, b in zip(*grads))
+        buckets = [e for e in events if e["kind"] == "all-reduce"]
+        assert buckets and all("end" in e for e in buckets)
+        assert {e["name"] for e in events if e["kind"] == "gradient"} == {
+            "0.weight", "0.bias", "1.weight", "1.bias"}
+    finally:
+        dist.destroy_process_group()
