@@ -39,6 +39,7 @@ from ddp_scripts.cli import run_cli
 from ddp_scripts.models import build_model
 from ddp_scripts.options import ArgumentParser, count
 from ddp_scripts.practice.hooks import attach_timers
+from ddp_scripts.ranks import init_process_group
 
 
 def job():
@@ -114,7 +115,8 @@ def main():
                         help="size of the sampler's data set (pick one the world size does not divide)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    # gloo on the CPU; a rank that never comes ends the others in two minutes, not thirty
+    init_process_group(torch.device("cpu"), timeout_s=120)
     share = sampler_share(args.samples)
     mine = {"job": job(), "sampler": share, "gradients": gradients(share["indices"], args.samples),
             "timeline": timeline()}

@@ -37,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_scripts.cli import UsageError, run_cli
 from ddp_scripts.options import ArgumentParser, count
+from ddp_scripts.ranks import init_process_group
 from ddp_scripts.sharding import WideMLP
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -152,7 +153,8 @@ def main():
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    # gloo on the CPU; a rank that never comes ends the others in two minutes, not thirty
+    init_process_group(torch.device("cpu"), timeout_s=120)
     ranks = dist.get_world_size()
     if args.global_batch_size % ranks:
         raise UsageError(f"--global-batch-size {args.global_batch_size} does not split over "
