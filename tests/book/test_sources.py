@@ -172,6 +172,10 @@ PLANTED = {   # a flaw: (the check that must find it, how to plant it in the cop
     "an included function renamed": (
         sources.included_code_is_still_there, lambda root: edit_notebook(root, append_markdown(
             "```{literalinclude} ../ddp_scripts/models.py\n:pyobject: no_such_function\n```"))),
+    "a marker that is in the file but outside the included function": (
+        sources.included_code_is_still_there, lambda root: edit_notebook(root, append_markdown(
+            "```{literalinclude} ../ddp_scripts/models.py\n:pyobject: build_model\n"
+            ":start-at: def evaluate\n```"))),
     "an indented include of a file that is gone": (
         sources.included_code_is_still_there, lambda root: edit_notebook(root, append_markdown(
             "- a list item\n\n  ```{literalinclude} ../ddp_scripts/gone.py\n  :lines: 1-2\n  ```"))),
