@@ -31,6 +31,10 @@ def init_process_group(device, timeout_s):
     collectives, barriers included, run on it and on no other."""
     if device.type == "mps":
         raise UsageError("MPS runs one process only: use train_single.py --device mps")
+    if device.type == "cuda":
+        # device_id only binds the group; a bare "cuda" tensor (all_gather_object's
+        # staging, below) still lands on the current device, which must be this one.
+        torch.cuda.set_device(device)
     dist.init_process_group(backend=backend_for(device),
                             timeout=datetime.timedelta(seconds=timeout_s),
                             device_id=device if device.type == "cuda" else None)
