@@ -79,6 +79,9 @@ def parsed_label(report):
     return "reads [" + ",".join(str(p) for p in report["parsed"]) + "]"
 
 
+NO_GPU = "No GPU on this machine"  # how a figure says that its GPU part is not drawn here
+
+
 def _box(ax, x, y, text, kind, index=0):
     ax.text(x, y, text, ha="center", va="center",
             bbox=dict(boxstyle="round,pad=0.35", fc=colour(kind, index), alpha=0.3,
@@ -115,8 +118,10 @@ def draw_visible_devices(ax, physical, reports):
     ax.set_xlim(-0.6, len(reports) + 0.6)
     ax.set_ylim(rows - 0.4 + unmatched, -1.8)
     ax.axis("off")
-    ax.set_title("CUDA_VISIBLE_DEVICES, torch's parse of it, and the GPUs each child sees",
-                 fontsize=10)
+    title = "CUDA_VISIBLE_DEVICES, torch's parse of it, and the GPUs each child sees"
+    if not physical:
+        title += f"\n{NO_GPU}: only the parse shows; the cuda:N boxes need GPUs"
+    ax.set_title(title, fontsize=10)
     return drawn
 
 
@@ -180,6 +185,9 @@ def draw_placements(ax, run):
         side.set_visible(False)
     ax.set_xlabel(f"x.to(device) is x: {run['same_x']};  "
                   f"model.weight is the same Parameter: {run['same_weight']}")
+    if devices == ["cpu"]:
+        ax.set_title(".to(cpu) moves nothing: one lane; a GPU device adds a lane of its own",
+                     fontsize=10, pad=24)
     return drawn
 
 
@@ -211,6 +219,9 @@ def draw_local_ranks(ax, workers):
                  f"{setting if setting != 'unset' else ' unset'}: torch reads "
                  f"{first['visible_parsed'] if first['CUDA_VISIBLE_DEVICES'] is not None else 'every GPU'}",
                  fontsize=10)
+    if all(worker["device"] == "cpu" for worker in workers):
+        ax.set_title(f"{ax.get_title()}\n{NO_GPU}: no worker has a GPU to take",
+                     fontsize=10)
     ax.set_xlim(-0.6, 2.6)
     ax.set_ylim(len(workers) - 0.4, -0.6)
     ax.axis("off")

@@ -177,9 +177,19 @@ def _add(intervals, start, stop, kind):
         intervals.append((start, stop, kind))
 
 
+NO_GPU_ROW = "no GPU on this machine: a GPU run draws its kernels in this row"
+
+
 def draw_step(ax, events, step=1):
-    """The step's rows (step_rows) on a timeline; returns what timeline drew."""
-    return timeline(ax, step_rows(events, step), unit="ms")
+    """The step's rows (step_rows) on a timeline; returns what timeline drew. Without GPU
+    events the GPU row is drawn empty, saying that it needs a GPU."""
+    rows = step_rows(events, step)
+    if "GPU" in rows:
+        return timeline(ax, rows, unit="ms")
+    drawn = timeline(ax, {**rows, "GPU": []}, unit="ms")
+    ax.text(0.5, len(rows), NO_GPU_ROW, transform=ax.get_yaxis_transform(), ha="center",
+            va="center", color="#555555")
+    return drawn
 
 
 # Chapter 10: what one H200 measured, per data path ------------------------------------------
@@ -201,6 +211,10 @@ SHORT_PATHS = {"scripts' path (CPU tensors, DataLoader)": "DataLoader", "data on
 
 MODEL_NAMES = {"cnn": "CNN", "resnet18": "ResNet-18"}
 
+# micro.py captured its graphs after zero_grad(set_to_none=False): each replay adds into
+# gradients no replay zeroes, so those rows time a step that does not train correctly.
+GRAPH_ROWS = "CUDA graph replay (flawed capture)"
+
 
 def draw_micro(axes, panels):
     """One panel per (model, batch): a bar per data path, coloured by how the step ran
@@ -209,7 +223,7 @@ def draw_micro(axes, panels):
     drawn, axes = {}, list(axes)
     for ax, ((model, batch), paths) in zip(axes, panels.items()):
         bars = {SHORT_PATHS.get(path, path):
-                {"CUDA graph" if "CUDA graph" in path else "eager": value}
+                {GRAPH_ROWS if "CUDA graph" in path else "eager": value}
                 for path, value in paths.items()}
         drawn[(model, batch)] = stacked_bars(ax, bars, unit="samples/s")
         for position, parts in enumerate(bars.values()):

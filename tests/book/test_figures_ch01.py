@@ -25,6 +25,8 @@ def test_the_visible_devices_figure_draws_what_each_child_saw(axes):
                                      for d in report["devices"]}
         assert column["setting"] in {t.get_text() for t in axes.texts}
     assert drawn["columns"][2]["logical"] == {}  # "" hides every GPU, on any machine
+    # Without GPUs the figure itself says that its cuda:N boxes need them
+    assert (device_figures.NO_GPU in axes.get_title()) == (not physical)
 
 
 def test_the_placement_figure_draws_each_tensor_on_its_device(axes):
@@ -39,3 +41,5 @@ def test_the_placement_figure_draws_each_tensor_on_its_device(axes):
             assert label in drawn[stage][record["device"]]
     assert sum(map(len, drawn["after"].values())) == len(run["after"]) == 4
     assert [t.get_text() for t in axes.get_xticklabels()] == list(drawn["before"])
+    # One lane only: the figure says that a GPU device would add its own
+    assert ("moves nothing" in axes.get_title()) == (list(drawn["before"]) == ["cpu"])

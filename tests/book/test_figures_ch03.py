@@ -27,6 +27,7 @@ def test_each_child_s_gpus_are_drawn_in_the_row_of_the_same_physical_gpu():
                                                   "=0,0\nreads []"]
     assert all(c["setting"] in shown for c in drawn["columns"])
     assert shown.count("cuda:0") == sum("cuda:0" in c["logical"] for c in drawn["columns"])
+    assert (device_figures.NO_GPU in ax.get_title()) == (not physical)
     matplotlib.pyplot.close(fig)
 
 
@@ -54,4 +55,6 @@ def test_each_local_rank_is_drawn_with_the_device_its_worker_recorded(tmp_path):
     shown = {t.get_text() for t in ax.texts}
     assert {label for row in drawn for label in row} <= shown
     assert "[2, 3]" in ax.get_title()
+    on_cpu = all(worker["device"] == "cpu" for worker in workers)
+    assert (device_figures.NO_GPU in ax.get_title()) == on_cpu
     matplotlib.pyplot.close(fig)

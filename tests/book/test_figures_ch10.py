@@ -56,7 +56,11 @@ def test_the_step_figure_draws_the_rows(events, figure):
     _, ax = figure()
     drawn = timeline_figures.draw_step(ax, events, step=1)
     rows = timeline_figures.step_rows(events, step=1)
-    assert drawn == {label: [(s, e - s, k) for s, e, k in spans] for label, spans in rows.items()}
+    expected = {label: [(s, e - s, k) for s, e, k in spans] for label, spans in rows.items()}
+    # The GPU row is always there: its kernels, or, without them, the note that it needs a GPU
+    assert drawn == {"GPU": [], **expected}
+    notes = [t.get_text() for t in ax.texts if t.get_text() == timeline_figures.NO_GPU_ROW]
+    assert len(notes) == (0 if "GPU" in rows else 1)
 
 
 def test_a_step_past_the_profile_is_refused(events):
@@ -79,6 +83,6 @@ def test_the_h200_bars_are_the_recorded_samples_per_second(figure):
         recorded = micro[(micro["model"] == key[0]) & (micro["batch"] == key[1])]
         assert [parts[0][2] for parts in bars.values()] == recorded["samples/s"].tolist()
         graph = ["CUDA graph" in path for path in recorded["path"]]
-        assert [parts[0][0] == "CUDA graph" for parts in bars.values()] == graph
+        assert [parts[0][0] == timeline_figures.GRAPH_ROWS for parts in bars.values()] == graph
     widths = sorted(p.get_width() for p in axes.flat[0].patches)
     assert widths == sorted(micro[(micro["model"] == "cnn") & (micro["batch"] == 64)]["samples/s"])
