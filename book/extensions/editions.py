@@ -4,9 +4,12 @@ Both builds load it; the Chinese one sets `book_edition: zh`. The editions' page
 names (book/tools/build.py): each page links to its other edition, and the Chinese launch
 buttons open notebooks/zh/x.ipynb.
 """
+import gettext
+import re
 from pathlib import Path
 
-from sphinx.search import zh
+from sphinx import locale
+from sphinx.search import en, zh
 
 # edition -> the other edition: its language code, its language's name in it, its folder on the site
 OTHER = {"en": ("zh-CN", "中文", "zh/"), "zh": ("en", "English", "")}
@@ -21,7 +24,10 @@ def switch_link(pagename, edition):
 def add_switch_to_header(app, config):
     config.templates_path = [*config.templates_path, str(Path(__file__).with_name("templates"))]
     header = ["edition-switch.html", "article-header-buttons.html"]   # the switch, then the theme's
-    config.html_theme_options = {**(config.html_theme_options or {}), "article_header_end": header}
+    options = {**(config.html_theme_options or {}), "article_header_end": header}
+    if config.book_edition == "zh":
+        options["search_bar_text"] = THEME_WORDS_ZH["Search this book..."]
+    config.html_theme_options = options
 
 
 def retarget(buttons, pagename):
@@ -45,6 +51,18 @@ def launch_chinese_notebooks(app, pagename, templatename, context, doctree):
         retarget(context.get("header_buttons", []), pagename)
 
 
+# Search finds a name however it is spelt: `all_reduce`, all-reduce and "all reduce" are the
+# same words to it. The index and the search box both split words at an underscore too.
+WORDS = re.compile(r"[^\W_]+")
+SPLIT_QUERY = r"""var splitQuery = (query) => query
+    .split(/[^\p{Letter}\p{Number}\p{Emoji_Presentation}]+/gu).filter(term => term);"""
+
+
+class EnglishSearch(en.SearchEnglish):
+    _word_re = WORDS
+    js_splitter_code = SPLIT_QUERY
+
+
 class ChineseSearch(zh.SearchChinese):
     """Sphinx 7's Chinese search, with the Latin words it has met in a set, not a list it looks
     every word up in (half the Chinese render; Sphinx 8.1 does the same, sphinx-doc/sphinx#12995)."""
@@ -52,6 +70,9 @@ class ChineseSearch(zh.SearchChinese):
     def init(self, options):
         super().init(options)
         self.latin_terms = set()
+        self.latin1_letters = re.compile(r"[a-zA-Z0-9]+")   # all_reduce: all, reduce
+
+    js_splitter_code = SPLIT_QUERY
 
     def split(self, input):
         chinese = list(zh.jieba.cut_for_search(input)) if zh.JIEBA else []
@@ -60,9 +81,53 @@ class ChineseSearch(zh.SearchChinese):
         return chinese + latin
 
 
+# The theme's words that its Chinese catalogues (sphinx-book-theme 1.3, pydata-sphinx-theme
+# 0.17, Sphinx 7.4) leave in English or give in traditional characters, and the search box's
+# text, which jupyter-book sets in English.
+THEME_WORDS_ZH = {
+    "Repository": "仓库", "Source repository": "仓库", "Source repositories": "仓库",
+    "Open issue": "提交问题", "Open an issue": "提交问题", "Launch interactive content": "运行本章",
+    "Launch on": "打开于", "Color mode": "配色", "Light": "浅色", "Dark": "深色",
+    "System Settings": "跟随系统", "Download this page": "下载本页", "Fullscreen mode": "全屏",
+    "Print to PDF": "打印为 PDF", "Search": "搜索", "Search this book...": "搜索本书……",
+    "Contents": "目录", "Back to top": "回到顶部", "Main": "正文", "Site navigation": "本书目录",
+    "Section Navigation": "本页目录", "previous": "上一页", "next": "下一页",
+    "Skip to main content": "跳到正文", "Link to this heading": "指向本节的链接",
+    "Link to this image": "指向本图的链接", "Link to this table": "指向本表的链接",
+    "Link to this code": "指向本段代码的链接", "Link to this equation": "指向本公式的链接",
+}
+
+
+def theme_words_in_chinese(app):
+    """The Chinese edition's theme words, put into the catalogues the themes and the templates'
+    _() ask (in place: the templates hold the "sphinx" catalogue already)."""
+    if app.config.book_edition != "zh":
+        return
+    for catalog in ("sphinx", "booktheme"):
+        translator, _ = locale.init([], app.config.language, catalog)
+        if isinstance(getattr(translator, "_catalog", None), dict):   # a .mo file's messages
+            translator._catalog.update(THEME_WORDS_ZH)
+        else:
+            translator.add_fallback(Words(THEME_WORDS_ZH))
+
+
+class Words(gettext.NullTranslations):
+    """A message catalogue from a dict."""
+
+    def __init__(self, words):
+        super().__init__()
+        self.words = words
+
+    def gettext(self, message):
+        return self.words.get(message, message)
+
+
 def setup(app):
     app.add_config_value("book_edition", "en", "html")
+    app.add_search_language(EnglishSearch)
     app.add_search_language(ChineseSearch)
+    app.add_js_file("figures.js")   # every figure a link to its full-size image (book/theme/)
+    app.connect("builder-inited", theme_words_in_chinese)
     app.connect("config-inited", add_switch_to_header)
     # Before the theme drops the header templates that render empty (priority 500).
     app.connect("html-page-context", link_other_edition, priority=400)

@@ -352,6 +352,17 @@ def test_the_chinese_launch_buttons_open_the_chinese_notebook():
     assert buttons[1]["buttons"][0]["url"] == download   # the executed copy: this page's own
 
 
+@pytest.mark.parametrize("language", [editions.EnglishSearch, editions.ChineseSearch])
+def test_search_finds_a_name_however_it_is_spelt(language):
+    """`all_reduce`, all-reduce and "all reduce": the same words in the index, and the search
+    box splits what a reader types the same way (its regular expression has no underscore)."""
+    index = language({})
+    for spelling in ("all_reduce", "all-reduce", "all reduce"):
+        words = {word.lower() for word in index.split(f"torch.distributed.{spelling}")}
+        assert {"all", "reduce"} <= words and "all_reduce" not in words, (spelling, words)
+    assert "\\p{Number}\\p{Emoji_Presentation}]+" in language.js_splitter_code
+
+
 @pytest.mark.parametrize("text, broken", [
     ("第一行，\n第二行。", True),
     ("在 GPU\n上训练。", False),                       # a space belongs there

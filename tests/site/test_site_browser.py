@@ -310,3 +310,49 @@ def test_recorded_gpu_output_is_shown_beside_the_build_machine_output(opened, sc
     assert "pinned, .to(device)" in " ".join(cell.locator(after_label).all_inner_texts())
     assert shown.evaluate("e => getComputedStyle(e).borderLeftWidth") == "4px"
     cell.locator("div.cell_output").screenshot(path=str(screenshots / "gpu-recording-ch02.png"))
+
+
+PHONE = 390   # CSS px: a phone held upright
+# What sticks out past the screen: elements of the page whose right edge is beyond it and
+# that no box of their own lets the reader scroll to (a cut title reads as cut, even when the
+# page itself does not scroll).
+STICKING_OUT = """(width) => Array.from(document.querySelectorAll(
+        '.bd-header-article *, article.bd-article *'))
+    .filter(e => {
+        const box = e.getBoundingClientRect();
+        if (box.width === 0 || box.right <= width + 1 || e.closest('mjx-container')) return false;
+        for (let up = e.parentElement; up && up !== document.body; up = up.parentElement) {
+            if (['auto', 'scroll'].includes(getComputedStyle(up).overflowX)
+                && up.getBoundingClientRect().right <= width + 1) return false;
+        }
+        return true;
+    })
+    .map(e => `${e.tagName.toLowerCase()}.${e.className} (${Math.round(e.getBoundingClientRect().right)} px): `
+              + e.textContent.trim().slice(0, 50))"""
+FIGURES_WITHOUT_LINK = """() => Array.from(document.querySelectorAll('article.bd-article img'))
+    .filter(img => !img.closest('div.animation, .widget-area, .jupyter-widgets'))
+    .filter(img => !(img.closest('a.figure-full-size') || img.closest('a[href]')))
+    .map(img => img.src.slice(-60))"""
+
+
+@pytest.mark.parametrize("edition", EDITIONS)
+@pytest.mark.parametrize("stem", CHAPTER_IDS)
+def test_every_chapter_reads_on_a_phone(page, server, screenshots, stem, edition):
+    """At 390 px nothing sticks out sideways (long inline code and titles wrap; tables, code
+    and wide figures scroll in their own box), and every figure opens at full size."""
+    page.set_viewport_size({"width": PHONE, "height": 844})
+    open_page(page, f"{server}{EDITIONS[edition]}/notebooks/{stem}.html")
+    page.evaluate("""async () => { await document.fonts.ready;   // fonts, formulas drawn
+        if (window.MathJax && MathJax.startup) await MathJax.startup.promise; }""")
+    width = page.evaluate("() => document.documentElement.scrollWidth")
+    sticking_out = page.evaluate(STICKING_OUT, PHONE)
+    assert width <= PHONE and not sticking_out, (
+        f"{width} px wide at {PHONE} px: {sticking_out[:5]}")
+    assert page.evaluate(FIGURES_WITHOUT_LINK) == [], "figures with no way to open them larger"
+    links = page.locator("article.bd-article a.figure-full-size")
+    if links.count():   # the link leads to the figure itself
+        first = links.first
+        assert first.get_attribute("href") == first.locator("img").evaluate("img => img.src")
+    folder = screenshots / "phone"
+    folder.mkdir(exist_ok=True)
+    page.screenshot(path=str(folder / f"{stem}-{edition}.png"))
