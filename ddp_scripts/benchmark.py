@@ -338,7 +338,10 @@ def prepare_data(settings, echo=print):
 
 def run_benchmark(configs, settings, out, runs_dir, overwrite=False, cpu_processes=2,
                   echo=print, tuned=False):
-    """Plan, run each configuration in turn, write the results file. Returns the results."""
+    """Plan, run each configuration in turn, write the results file. Returns the results.
+
+    The results file is written again after each measured repeat ("finished": false until
+    the last): an interrupted benchmark keeps what it had measured."""
     machine = describe_hardware()
     echo(f"[benchmark] hardware: {machine['label']}")
     preset = SIZES[settings["size"]]
@@ -350,6 +353,27 @@ def run_benchmark(configs, settings, out, runs_dir, overwrite=False, cpu_process
     runs = plan_runs(configs, settings, machine["gpu_count"], runs_dir, cpu_processes,
                      [gpu["name"] for gpu in machine["gpus"]], tuned, cpu_best, _has_bf16())
     load_before = _load_average()
+
+    def write_results(finished):
+        results = {
+            "schema": SCHEMA,
+            "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "finished": finished,
+            "size": settings["size"], "data_note": data_note, "reliable_spread": RELIABLE_SPREAD,
+            "changed_from_size": changed,
+            "settings": {**settings, "data_dir": _relative(settings["data_dir"])},
+            "tuned": tuned, "cpu_probe": cpu_best,
+            "hardware": {**machine, "load_average_before": load_before,
+                         "load_average_after": _load_average()},
+            "runs": [{"status": "not run yet", **{k: v for k, v in run.items() if k != "options"},
+                      "out": _relative(run["out"]),
+                      **({"levers": _levers(run["options"])} if run.get("tuned") else {})}
+                     for run in runs],
+        }
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(out, lambda f: f.write(json.dumps(results, indent=1) + "\n"), mode="w")
+        return results
+
     for run in runs:
         if "skip" in run:
             run.update(status="skipped", reason=run.pop("skip"))
@@ -369,7 +393,9 @@ def run_benchmark(configs, settings, out, runs_dir, overwrite=False, cpu_process
             except LaunchError as error:  # recorded, and the other configurations still run
                 run.update(status="failed", reason=str(error))
                 echo(f"[benchmark] {run['config']} failed: {error}")
+                write_results(finished=False)
                 continue
+            write_results(finished=False)
             last = run["repeats"][-1]
             echo(f"[benchmark] {run['config']}: wall {last['wall_s']:.1f} s (start-up "
                  f"{last['startup_s']:.1f} s), steady epochs at "
@@ -381,21 +407,7 @@ def run_benchmark(configs, settings, out, runs_dir, overwrite=False, cpu_process
                  f"{run['samples_per_s_range'][0]:.0f} to {run['samples_per_s_range'][1]:.0f} "
                  f"samples/s, {run['spread']:.2f}x apart (more than {RELIABLE_SPREAD}x): other "
                  "work was using the machine")
-    results = {
-        "schema": SCHEMA,
-        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "size": settings["size"], "data_note": data_note, "reliable_spread": RELIABLE_SPREAD,
-        "changed_from_size": changed,
-        "settings": {**settings, "data_dir": _relative(settings["data_dir"])},
-        "tuned": tuned, "cpu_probe": cpu_best,
-        "hardware": {**machine, "load_average_before": load_before,
-                     "load_average_after": _load_average()},
-        "runs": [{**{k: v for k, v in run.items() if k != "options"}, "out": _relative(run["out"]),
-                  **({"levers": _levers(run["options"])} if run.get("tuned") else {})}
-                 for run in runs],
-    }
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(out, lambda f: f.write(json.dumps(results, indent=1) + "\n"), mode="w")
+    results = write_results(finished=True)
     echo(f"[benchmark] results written to {out}")
     return results
 
@@ -560,6 +572,18 @@ def settings_for(size, seed=0, data_dir=ROOT / "data", **overrides):
     return settings
 
 
+def check_writable(out):
+    """Before anything runs: the results file can be made (a temporary file beside it)."""
+    probe = out.with_name(f".{out.name}.tmp{os.getpid()}")  # as write_atomically names it
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise UsageError(f"--out {out} cannot be written: {error.strerror or first_line(error)} "
+                         f"({error.filename})") from None
+
+
 def main():
     args = build_parser().parse_args()
     configs = parse_configs(args.configs)
@@ -574,6 +598,7 @@ def main():
     if out.exists() and not args.overwrite:
         raise UsageError(f"{out} already exists; pass --overwrite to replace it, "
                          "or choose another --out")
+    check_writable(out)
     runs_dir = Path(args.runs_dir or ROOT / "runs" / "benchmark" / out.stem)
     if not args.overwrite:  # checked before anything runs: no run replaces another's logs
         logs = (METRICS, CHECKPOINT)

@@ -1,53 +1,151 @@
 """The run's folder, OUT: metrics.jsonl and checkpoint.pt, never overwritten by accident.
 
-prepare_out_dir checks OUT before any work starts, and start_out_dir makes it. After each
-epoch, save_epoch logs the epoch and saves the checkpoint that covers it; resume_from loads
-that checkpoint into a new run. The files' names are in runfiles.py.
+prepare_out_dir claims OUT before any work starts (no other run may write there meanwhile),
+and start_out_dir sets it up. After each epoch, save_epoch logs the epoch and saves the
+checkpoint that covers it; resume_from loads that checkpoint into a new run, which must
+train as the saved one did. The files' names are in runfiles.py.
 """
 import json
 import os
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from ddp_scripts.cli import UsageError, first_line, say
-from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY, metrics_rows
+from ddp_scripts.cli import HELD_FOLDERS, NothingToDo, RunStopped, UsageError, first_line, say
+from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY, logged_epochs, metrics_rows
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, and OUT is not claimed
+    fcntl = None
+
+
+def claim_out_dir(out):
+    """Make OUT, check that it can be written, and hold it until the script ends.
+
+    The hold is an exclusive flock on the folder itself: a second run into OUT is refused
+    while this one runs. run_cli lets go when the script ends, and the kernel when the
+    process ends, however it ends. A file system that cannot lock folders (some network
+    disks) leaves OUT unclaimed.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a directory")
+    probe = out / f".{METRICS}.tmp{os.getpid()}"  # the name write_atomically uses: see start_out_dir
+    made = [folder for folder in (out, *out.parents) if not folder.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        where = f" ({error.filename})" if error.filename not in (None, str(out)) else ""
+        raise UsageError(f"--out {out} cannot be written: {error.strerror or first_line(error)}"
+                         f"{where}") from None
+    key = os.path.realpath(out)
+    if key in HELD_FOLDERS:
+        return
+    descriptor = os.open(out, os.O_RDONLY) if fcntl is not None else None
+    try:
+        if descriptor is not None:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise UsageError(f"{out} is in use by another run, still running: wait for it to end, "
+                         "or choose another --out") from None
+    except OSError:
+        pass  # no locks on this file system
+    HELD_FOLDERS[key] = (descriptor, made)
+
+
+def world_size():
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def training_settings(args):
+    """What a resumed run must share with the run it continues, besides run_identity: the
+    optimizer's settings and the data each step sees. The number of ranks may change, if
+    the global batch stays the same (see check_same_training)."""
+    return {"lr": args.lr, "momentum": args.momentum, "train_samples": args.train_samples,
+            "global_batch_size": args.batch_size * world_size(),
+            "batch_size": args.batch_size, "world_size": world_size()}
+
+
+def check_same_training(saved, args, where):
+    """Refuse, in one line, a resume whose options would train differently from the run in
+    `where`. `saved`: training_settings of that run (older checkpoints lack some: not checked)."""
+    now = training_settings(args)
+    for option in ("lr", "momentum", "train_samples"):
+        if option in saved and saved[option] != now[option]:
+            flag = "--" + option.replace("_", "-")
+            raise UsageError(f"{where} was trained with {flag} {saved[option]} and this run "
+                             f"asks for {now[option]}: pass {flag} {saved[option]} to continue "
+                             "that training, or --overwrite to start again")
+    batch = saved.get("global_batch_size")
+    if batch is not None and batch != now["global_batch_size"]:
+        per_rank, ranks = divmod(batch, now["world_size"])
+        fix = (f"pass --batch-size {per_rank} to continue it on {now['world_size']} rank(s)"
+               if ranks == 0 and per_rank else f"run it on {saved['world_size']} rank(s)")
+        raise UsageError(f"{where} was trained with a global batch of {batch} "
+                         f"({saved['world_size']} rank(s) of {saved['batch_size']}) and this "
+                         f"run's is {now['global_batch_size']}: {fix}, or --overwrite to start again")
 
 
 def prepare_out_dir(args):
-    """Check OUT before any work starts. Returns the checkpoint to resume from, or None.
+    """Claim OUT before any work starts, and check what it holds. Returns the checkpoint to
+    resume from, or None.
 
-    Only reads: under DDP rank 0 calls it (see on_rank_0) and tells the others what it found.
+    Under DDP rank 0 calls it (see on_rank_0) and tells the others what it found.
     """
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a directory")
+    claim_out_dir(out)
     holds_run = (out / METRICS).exists() or (out / CHECKPOINT).exists()
     if holds_run and not (args.resume or args.overwrite):
         raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
                          "--overwrite to replace it, or choose another --out")
-    if args.resume and (out / CHECKPOINT).exists():
-        return load_checkpoint(out / CHECKPOINT, expect=run_identity(args))
-    return None
+    if not args.resume:
+        return None
+    if not (out / CHECKPOINT).exists():
+        logged = logged_epochs(out)
+        if logged and logged != [1]:  # [1]: a crash after epoch 1 was logged, before its checkpoint
+            raise UsageError(f"{out} holds epochs {logged} but no {CHECKPOINT}: restore it, "
+                             "or pass --overwrite to start again")
+        return None  # nothing to resume: start fresh
+    checkpoint = load_checkpoint(out / CHECKPOINT, expect=run_identity(args))
+    stop_if_nothing_to_do(checkpoint["epoch"], args, out / CHECKPOINT)
+    group = checkpoint["optimizer"].get("param_groups", [{}])[0]
+    saved = {key: group[key] for key in ("lr", "momentum") if key in group}
+    check_same_training({**checkpoint.get("trained", {}), **saved}, args, out / CHECKPOINT)
+    return checkpoint
+
+
+def stop_if_nothing_to_do(epoch, args, where):
+    """A resume whose checkpoint is already at --epochs: say so, and leave OUT as it is."""
+    if epoch >= args.epochs:
+        raise NothingToDo(f"{where} is at epoch {epoch}, and --epochs is {args.epochs}: "
+                          "nothing to train, the run is left as it is (pass a larger --epochs "
+                          "to train on)")
 
 
 def start_out_dir(args, checkpoint):
-    """Create OUT; keep only the epochs the checkpoint has, or start empty.
+    """Set up OUT: keep only the epochs the checkpoint has, or start empty.
 
     After a crash OUT may hold an epoch logged just before its checkpoint was due (it is
     trained again, so its line goes), half a line, or the temporary file of a save that
-    never finished: none of them survives here.
+    never finished: none of them survives here. Other files in OUT are left alone.
     """
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_out_dir(out)
     kept = []
     if checkpoint is not None:
         kept = [row for row in metrics_rows(out) if row["epoch"] <= checkpoint["epoch"]]
     write_atomically(out / METRICS, lambda f: f.write("".join(json.dumps(row) + "\n"
                                                               for row in kept)), mode="w")
     (out / SUMMARY).unlink(missing_ok=True)
-    for unfinished in out.glob(".*.tmp*"):  # see write_atomically
-        unfinished.unlink(missing_ok=True)
+    for name in (METRICS, CHECKPOINT, SUMMARY):  # what write_atomically leaves when cut short
+        for unfinished in out.glob(f".{name}.tmp*"):
+            if unfinished.name.removeprefix(f".{name}.tmp").isdigit():
+                unfinished.unlink(missing_ok=True)
 
 
 def append_metrics(out, record):
@@ -62,11 +160,15 @@ def write_atomically(path, write, mode="wb"):
     """Write to a temporary file, then rename: a crash mid-write leaves the old file whole."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, mode) as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, say: the old file stays, and no half-written one
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def run_identity(args):
@@ -76,8 +178,16 @@ def run_identity(args):
 
 def save_checkpoint(out, model, optimizer, epoch, args):
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "epoch": epoch, "identity": run_identity(args)}
+             "epoch": epoch, "identity": run_identity(args), "trained": training_settings(args)}
     write_atomically(Path(out) / CHECKPOINT, lambda f: torch.save(state, f))
+
+
+def os_error_in(error):
+    """The OSError behind `error`, if any (torch.save reports a full disk as a RuntimeError
+    raised while handling it)."""
+    while error is not None and not isinstance(error, OSError):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def load_checkpoint(path, expect=None):
@@ -113,8 +223,17 @@ def epoch_record(epoch, train_totals, test_totals, epoch_time_s, **context):
 def save_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_time_s, context):
     """Log the epoch to metrics.jsonl, then save the checkpoint that covers it, then say so."""
     record = epoch_record(epoch, train_totals, test_totals, epoch_time_s, **context)
-    append_metrics(args.out, record)
-    save_checkpoint(args.out, model, optimizer, epoch, args)
+    try:
+        append_metrics(args.out, record)
+        save_checkpoint(args.out, model, optimizer, epoch, args)
+    except Exception as error:
+        cause = os_error_in(error)
+        if cause is None:
+            raise
+        kept = (f"{CHECKPOINT} of epoch {epoch - 1} is whole: --resume continues from it"
+                if epoch > 1 and (Path(args.out) / CHECKPOINT).exists() else "no checkpoint was saved yet")
+        raise RunStopped(f"cannot save epoch {epoch} in {args.out} ({cause.strerror or cause}); "
+                         f"{kept}") from None
     say(f"epoch {epoch}/{args.epochs} train_loss={record['train_loss']:.4f} "
         f"test_accuracy={record['test_accuracy']:.4f} samples/s={record['samples_per_s']:.0f}")
 
@@ -124,6 +243,8 @@ def resume_from(checkpoint, model, optimizer, out):
     if checkpoint is None:
         return 1
     model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    say(f"resuming after epoch {checkpoint['epoch']} from {out}")
+    optimizer.load_state_dict(checkpoint["optimizer"])  # lr and momentum: checked to be the options'
+    saved_by = checkpoint.get("trained", {}).get("world_size", world_size())
+    ranks = f" (saved by {saved_by} rank(s), loaded by {world_size()})" if saved_by != world_size() else ""
+    say(f"resuming after epoch {checkpoint['epoch']} from {out}{ranks}")
     return checkpoint["epoch"] + 1

@@ -1,7 +1,8 @@
 """How a companion script starts, talks and ends: run_cli, its one-line errors, say.
 
 Bad input is a UsageError: one line on stderr, exit status 2. A run that cannot go on is a
-RunStopped: one line, exit status 1. say() prints one line, tagged with the process's rank.
+RunStopped: one line, exit status 1. A run with nothing to do is a NothingToDo: one line,
+exit status 0. say() prints one line, tagged with the process's rank.
 """
 import os
 import sys
@@ -15,6 +16,29 @@ class UsageError(Exception):
 
 class RunStopped(Exception):
     """The run cannot go on (its loss stopped being finite): one line on stderr, exit status 1."""
+
+
+class NothingToDo(Exception):
+    """The run has nothing to do (a resume of a finished run): one line, exit status 0."""
+
+
+# The folders this process holds while its script runs (checkpoints.claim_out_dir): each
+# path's open, locked descriptor (or None), and the folders the claim made, deepest first.
+HELD_FOLDERS = {}
+
+
+def let_go_of_folders():
+    """run_cli's last step: unlock the folders held, and remove those the claim made if the
+    script left nothing in them (it stopped before it started)."""
+    for descriptor, made in HELD_FOLDERS.values():
+        if descriptor is not None:
+            os.close(descriptor)  # and with it the lock
+        for folder in made:
+            try:
+                os.rmdir(folder)  # only if empty
+            except OSError:
+                break
+    HELD_FOLDERS.clear()
 
 
 # Set to 1 by the book's launcher and tests: a run that succeeds then ends with os._exit(0).
@@ -37,23 +61,44 @@ def run_cli(main):
     other threads: a logger you add would lose its last lines. So only the book's own
     launcher and tests set it; leave it unset for your own runs.
     """
-    rank = int(os.environ["RANK"]) if "RANK" in os.environ else None
+    rank = os.environ.get("RANK")  # checked by ranks.require_torchrun, if the script needs it
+    rank = int(rank) if rank and rank.isdigit() else None
+    tag = f"[rank {rank}] " if rank is not None else ""
     try:
-        main()
+        try:
+            main()
+        finally:  # the process may go on (a test runs the script in its own process)
+            let_go_of_folders()
+    except NothingToDo as error:
+        if not rank:
+            say(str(error))
+        sys.exit(0)
     except (UsageError, RunStopped) as error:
         status = 2 if isinstance(error, UsageError) else 1
-        write_error_file(error, exit_code=status, rank=rank, with_stack=False)
-        tag = f"[rank {rank}] " if rank is not None else ""
-        sys.stderr.write(f"{tag}error: {error}\n")  # one write: see say()
-        sys.stderr.flush()
+        sys.stderr.write(f"{tag}error: {error}\n")  # one write: see say(); first, in case
+        sys.stderr.flush()                         # the error file cannot be written
+        _write_error_file(error, exit_code=status, rank=rank, with_stack=False)
         sys.exit(status)
+    except KeyboardInterrupt:  # Ctrl-C: the files are as the last finished epoch left them
+        sys.stderr.write(f"{tag}interrupted (Ctrl-C): what the last finished epoch saved is "
+                         "whole\n")
+        sys.exit(130)
     except Exception as error:
-        write_error_file(error, exit_code=1, rank=rank)
+        _write_error_file(error, exit_code=1, rank=rank)
         raise
     if os.environ.get(FAST_EXIT) == "1":
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _write_error_file(error, **details):
+    """write_error_file, which must not turn one error into another: a log folder removed or
+    full while the run went on loses the error file, not the error's line or exit status."""
+    try:
+        write_error_file(error, **details)
+    except OSError as failed:
+        sys.stderr.write(f"notice: the error file could not be written ({failed.strerror})\n")
 
 
 def first_line(error):

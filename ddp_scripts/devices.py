@@ -90,7 +90,11 @@ def set_cpu_threads(threads=None, processes_per_node=None):
     to fewer, or cap its CPU time (hardware.usable_cores), and counting all of them
     oversubscribes."""
     if processes_per_node is None:
-        processes_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        text = os.environ.get("LOCAL_WORLD_SIZE", "1")
+        if not (text.isdigit() and int(text) >= 1):
+            raise UsageError(f"LOCAL_WORLD_SIZE must be a whole number, 1 or more, got {text!r} "
+                             "(torchrun sets it; unset it to run one process)")
+        processes_per_node = int(text)
     threads = threads or max(1, usable_cores() // processes_per_node)
     torch.set_num_threads(threads)
     return threads

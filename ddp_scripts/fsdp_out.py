@@ -26,8 +26,10 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 
 from ddp_scripts import checkpoints
-from ddp_scripts.checkpoints import append_metrics, epoch_record, run_identity, write_atomically
-from ddp_scripts.cli import UsageError, say
+from ddp_scripts.checkpoints import (append_metrics, check_same_training, claim_out_dir,
+                                    epoch_record, run_identity, stop_if_nothing_to_do,
+                                    write_atomically)
+from ddp_scripts.cli import UsageError, first_line, say
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, logged_epochs
 from ddp_scripts.sharding import bytes_per_rank
 
@@ -47,10 +49,10 @@ def sharded_identity(args):
 
 def prepare_out_dir(args, global_batch_size):
     """Check OUT before any work starts; returns what the sharded checkpoint holds (epoch,
-    identity, world size, global batch), or None. Only reads: rank 0 calls it (on_rank_0)."""
+    identity, world size, global batch), or None. Claims OUT first (checkpoints.claim_out_dir);
+    rank 0 calls it (on_rank_0)."""
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a directory")
+    claim_out_dir(out)
     holds_run = any((out / name).exists() for name in (METRICS, CHECKPOINT, SHARDED_CHECKPOINT))
     if holds_run and not (args.resume or args.overwrite):
         raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
@@ -75,6 +77,8 @@ def prepare_out_dir(args, global_batch_size):
     if info["identity"] != sharded_identity(args):
         raise UsageError(f"{folder} belongs to another run ({info['identity']}), not "
                          f"{sharded_identity(args)}; use another --out or --overwrite")
+    stop_if_nothing_to_do(info["epoch"], args, folder)
+    check_same_training({key: info[key] for key in ("lr", "momentum") if key in info}, args, folder)
     if info["global_batch_size"] != global_batch_size:
         raise UsageError(f"{folder} was trained with a global batch of "
                          f"{info['global_batch_size']} and this run's is {global_batch_size}: "
@@ -105,14 +109,24 @@ def resume_from(checkpoint, model, optimizer, out):
     try:
         dcp.load(state, checkpoint_id=folder)  # fills them in place
     except (Exception, dcp.CheckpointException) as error:  # DCP: the same on every rank
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UsageError(f"cannot read the sharded checkpoint {folder}: {first[:200]}; "
-                         "pass --overwrite to start again") from None
+        raise UsageError(f"cannot read the sharded checkpoint {folder}: "
+                         f"{first_failure(error)[:200]}; pass --overwrite to start again") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
     say(f"resuming after epoch {checkpoint['epoch']} from {out} (saved by "
         f"{checkpoint['world_size']} rank(s), loaded by {dist.get_world_size()})")
     return checkpoint["epoch"] + 1
+
+
+def first_failure(error):
+    """What went wrong, in one line. DCP's CheckpointException says only which ranks failed:
+    its `failures` maps each rank to (its exception, the exception's stack)."""
+    failures = getattr(error, "failures", None)
+    if failures:
+        rank = min(failures)
+        cause = failures[rank][0]
+        return f"rank {rank}: {type(cause).__name__}: {first_line(cause)}"
+    return first_line(error)
 
 
 def save_sharded(out, model, optimizer, epoch, args, global_batch_size):
@@ -124,8 +138,9 @@ def save_sharded(out, model, optimizer, epoch, args, global_batch_size):
     folder, new, old = (out / (SHARDED_CHECKPOINT + suffix) for suffix in ("", ".next", ".old"))
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=new)
     if dist.get_rank() == 0:  # dcp.save returns once every rank's shards and the plan are written
-        info = {"epoch": epoch, "identity": sharded_identity(args),
-                "world_size": dist.get_world_size(), "global_batch_size": global_batch_size}
+        info = {"epoch": epoch, "identity": sharded_identity(args), "lr": args.lr,
+                "momentum": args.momentum, "world_size": dist.get_world_size(),
+                "global_batch_size": global_batch_size}
         write_atomically(new / CHECKPOINT_INFO, lambda f: f.write(json.dumps(info)), mode="w")
         if folder.exists():
             os.replace(folder, old)

@@ -17,6 +17,7 @@ import contextlib
 import io
 import os
 import queue
+import re
 import shlex
 import shutil
 import signal
@@ -225,10 +226,43 @@ def run_command(command, timeout=600, progress="auto", out=None, total_epochs=No
     return lines
 
 
+def torchrun_failures(lines):
+    """The ranks torchrun's summary names as failed, each with its exit status (negative:
+    the signal that ended it), the first to fail first; {} if it printed none."""
+    text = "\n".join(lines)
+    blocks = re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", text)
+    root = re.search(r"Root Cause \(first observed failure\):\s*\[\d+\]:.*?"
+                     r"rank\s*:\s*(\d+)", text, re.S)
+    failures = {int(rank): int(code) for rank, code in blocks}
+    if root is not None and int(root[1]) in failures:
+        failures = {int(root[1]): failures[int(root[1])], **failures}
+    return failures
+
+
+def _signal_name(number):
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
+
+
 def failure(exit_code, errors, lines):
     """A LaunchError from the error files of a failed run: the first rank that failed, its
-    exit status and its reason. A process killed by a signal writes no error file: then
-    the run's own exit status, and the last lines it printed."""
+    exit status and its reason. A process killed by a signal writes no error file: a rank
+    that torchrun saw fail without one leads (the others failed for lack of it), as in
+    torchrun's own summary; with no error file at all, the run's own exit status and the
+    last lines it printed."""
+    written = {error["rank"] for error in errors}
+    silent = {rank: code for rank, code in torchrun_failures(lines).items() if rank not in written}
+    if silent:
+        rank = next((r for r, code in silent.items() if code < 0), next(iter(silent)))
+        code = silent[rank]
+        how = (f"killed by signal {-code} ({_signal_name(-code)})" if code < 0
+               else f"exit code {code}: killed by a signal?")
+        after = (f"; then rank {errors[0]['rank']} failed: {errors[0]['reason']}"[:400]
+                 if errors else "")
+        return LaunchError(f"rank {rank} ended without an error file ({how}){after}",
+                           rank=rank, exit_code=code, tail="\n".join(lines[-25:]))
     if not errors:   # then what it printed last is all there is to say why
         last = " | ".join(line.strip() for line in lines[-4:]) or "nothing"
         return LaunchError(f"the run failed with exit code {exit_code} and left no error "

@@ -58,6 +58,12 @@ def seconds(text):  # gloo refuses, in a traceback, a timeout of 1e10 s (it over
     return _number(float, text, lambda x: 0 < x <= 1e9, "a number of seconds above 0, at most 1e9")
 
 
+def folder(text):  # "" would be the current directory, without a word
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be the name of a folder, got an empty string")
+    return text
+
+
 def build_parser(description):
     p = ArgumentParser(description=description)
     p.add_argument("--dataset", choices=["cifar10", "synthetic"], default="cifar10",
@@ -80,7 +86,8 @@ def build_parser(description):
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default="auto")
     p.add_argument("--threads", type=count, default=None,
                    help="torch CPU threads per process (default: cores / processes)")
-    p.add_argument("--out", required=True, help="output directory: metrics.jsonl, checkpoint.pt")
+    p.add_argument("--out", type=folder, required=True,
+                   help="output directory: metrics.jsonl, checkpoint.pt")
     p.add_argument("--resume", action="store_true",
                    help="continue from OUT/checkpoint.pt if it exists, else start fresh")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_scripts.cli import RunStopped, UsageError
+from ddp_scripts.cli import NothingToDo, RunStopped, UsageError
 
 
 def backend_for(device):
@@ -20,9 +20,21 @@ def backend_for(device):
 def require_torchrun(script):
     """The DDP scripts learn their rank from torchrun's variables: say so if they are missing.
     `script`: the script's name or path (its __file__)."""
+    example = f"torchrun --standalone --nproc_per_node 2 ddp_scripts/{Path(script).name} ..."
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     if "LOCAL_RANK" not in os.environ:
-        raise UsageError("LOCAL_RANK is not set: start this script with torchrun, e.g. "
-                         f"torchrun --standalone --nproc_per_node 2 ddp_scripts/{Path(script).name} ...")
+        raise UsageError(f"LOCAL_RANK is not set: start this script with torchrun, e.g. {example}")
+    missing = [name for name in names if name not in os.environ]
+    if missing:
+        raise UsageError(f"{', '.join(missing)} not set, although LOCAL_RANK is: start this "
+                         f"script with torchrun, which sets all of {', '.join(names)}, e.g. {example}")
+    value = {name: os.environ[name] for name in names}
+    if not all(text.isdigit() for text in value.values()):
+        raise UsageError(f"torchrun's variables must be whole numbers, got {value}")
+    rank, world, local_rank, local_world = (int(value[name]) for name in names)
+    if not (rank < world and local_rank < local_world <= world):
+        raise UsageError(f"torchrun's variables contradict each other ({value}): need RANK < "
+                         "WORLD_SIZE and LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE")
 
 
 def init_process_group(device, timeout_s):
@@ -65,7 +77,8 @@ def barrier():
 
 
 def on_rank_0(function, *args):
-    """Run function(*args) on rank 0 only; every rank gets its result, or its UsageError.
+    """Run function(*args) on rank 0 only; every rank gets its result, or its UsageError
+    (or NothingToDo).
 
     For what only rank 0 can decide. OUT is on rank 0's disk: on several nodes without a
     shared file system the others cannot see it, and each deciding alone would start some
@@ -77,12 +90,12 @@ def on_rank_0(function, *args):
     if dist.get_rank() == 0:
         try:
             answer = [(True, function(*args))]
-        except UsageError as error:
-            answer = [(False, str(error))]
+        except (UsageError, NothingToDo) as error:
+            answer = [(False, error)]
     dist.broadcast_object_list(answer, src=0)
     succeeded, value = answer[0]
     if not succeeded:
-        raise UsageError(value)
+        raise value
     return value
 
 

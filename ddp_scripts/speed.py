@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from ddp_scripts.cli import UsageError, say
 from ddp_scripts.data import keep_batch, make_loader
+from ddp_scripts.options import non_negative_int
 
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = ("off", "default", "reduce-overhead")
@@ -40,7 +41,7 @@ def add_speed_options(parser):
     g.add_argument("--data-on-device", action="store_true",
                    help="copy the data set to the GPU once and cut batches there by indexing "
                         "(no per-batch copy; on a CPU run it changes nothing)")
-    g.add_argument("--workers", type=int, default=0, metavar="N",
+    g.add_argument("--workers", type=non_negative_int, default=0, metavar="N",
                    help="data on the CPU: make batches in N worker processes (default 0: in "
                         "the training process)")
     g.add_argument("--pin-memory", action="store_true",
@@ -69,8 +70,6 @@ def add_speed_options(parser):
 def check_levers(args, device):
     """Refuse what cannot work here, one line each; options that change nothing on this
     device are said once per node and recorded as off."""
-    if args.workers < 0:
-        raise UsageError(f"--workers must be 0 or more, got {args.workers}")
     if args.data_on_device and (args.workers or args.pin_memory):
         raise UsageError("--data-on-device cuts batches on the GPU; --workers and "
                          "--pin-memory make them on the CPU: choose one or the other")

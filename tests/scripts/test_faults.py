@@ -99,7 +99,7 @@ def test_crash_during_a_save_leaves_the_last_checkpoint_whole(tmp_path):
     """The process dies half-way through writing the checkpoint of epoch 2."""
     args = build_parser("test").parse_args(["--out", str(tmp_path), "--dataset", "synthetic"])
     model = build_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     save_checkpoint(tmp_path, model, optimizer, 1, args)
     before = (tmp_path / CHECKPOINT).read_bytes()
     crash = f"""
@@ -117,7 +117,7 @@ def save_half_then_die(obj, f):
 torch.save = save_half_then_die
 args = options.build_parser("crash").parse_args(["--out", {str(tmp_path)!r}, "--dataset", "synthetic"])
 model = models.build_model(seed=1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 checkpoints.save_checkpoint({str(tmp_path)!r}, model, optimizer, 2, args)
 """
     result = subprocess.run([sys.executable, "-c", crash], cwd=ROOT, capture_output=True, timeout=300)
@@ -135,9 +135,9 @@ checkpoints.save_checkpoint({str(tmp_path)!r}, model, optimizer, 2, args)
 def test_crash_between_log_and_checkpoint_logs_each_epoch_once(tmp_path):
     """Epoch 3 was logged but its checkpoint never written; epoch 4's line was cut short."""
     args = build_parser("test").parse_args(["--out", str(tmp_path), "--dataset", "synthetic",
-                                            "--resume"])
+                                            "--resume", "--epochs", "4"])
     model = build_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     for epoch in (1, 2, 3):
         append_metrics(tmp_path, {"epoch": epoch, "test_accuracy": 0.1 * epoch})
         if epoch < 3:
@@ -244,13 +244,14 @@ def test_a_download_lock_that_cannot_be_had_does_not_split_the_ranks(tmp_path, m
     assert metrics_rows(tmp_path / "run")[0]["dataset"] == "synthetic (fallback)"
 
 
-def a_checkpoint_that_diverges(out):
-    """A checkpoint of epoch 1 whose optimizer's learning rate, 1e30, sends the loss to nan
-    within steps: a resumed run takes its learning rate from the checkpoint."""
-    args = build_parser("test").parse_args(["--out", str(out), "--dataset", "synthetic"])
+def a_checkpoint_that_diverges(out, *options):
+    """A checkpoint of epoch 1 whose learning rate, 1e30, sends the loss to nan within steps,
+    saved by a run with these options (a resumed run must ask for the same)."""
+    args = build_parser("test").parse_args(["--out", str(out), "--lr", "1e30", *options])
     out.mkdir()
     model = build_model()
-    save_checkpoint(out, model, torch.optim.SGD(model.parameters(), lr=1e30, momentum=0.9), 1, args)
+    save_checkpoint(out, model, torch.optim.SGD(model.parameters(), lr=args.lr,
+                                                momentum=args.momentum), 1, args)
     append_metrics(out, {"epoch": 1, "test_accuracy": 0.1})
     return (out / CHECKPOINT).read_bytes()
 
@@ -266,8 +267,8 @@ def test_a_loss_that_becomes_nan_stops_the_run_and_keeps_the_last_checkpoint(tmp
                         r"\(nothing of epoch 1 was saved.*\)", result.stderr.strip()), result.stderr
     assert not (tmp_path / "fresh" / CHECKPOINT).exists() and logged_epochs(tmp_path / "fresh") == []
 
-    before = a_checkpoint_that_diverges(tmp_path / "resumed")
-    result = run_in_process("train_single.py", *small, "--epochs", "3", "--resume",
+    before = a_checkpoint_that_diverges(tmp_path / "resumed", *small)
+    result = run_in_process("train_single.py", *small, "--epochs", "3", "--resume", "--lr", "1e30",
                             "--out", tmp_path / "resumed")
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert re.fullmatch(r"error: the loss became nan or inf at epoch 2, step \d+: .*",
@@ -280,11 +281,13 @@ def test_a_loss_that_becomes_nan_stops_the_run_and_keeps_the_last_checkpoint(tmp
 def test_a_loss_that_becomes_nan_stops_every_rank_at_the_same_step(tmp_path):
     """Two ranks, each its own batches: they agree on the first step whose loss was not
     finite, and stop together, with the same line; epoch 1's checkpoint stays."""
-    before = a_checkpoint_that_diverges(tmp_path / "run")
+    before = a_checkpoint_that_diverges(tmp_path / "run", "--dataset", "synthetic",
+                                        "--train-samples", str(RUN["train_samples"]),
+                                        "--batch-size", str(2 * RUN["batch_size"]))
     lines = []
     with pytest.raises(LaunchError) as caught:
         run_script("train_ddp.py", nproc=2, out=tmp_path / "run", timeout=240, progress=False,
-                   echo=lines.append, resume=True, **dict(RUN, timeout_s=60))
+                   echo=lines.append, resume=True, **dict(RUN, timeout_s=60, lr=1e30))
     said = [line for line in lines if "error: the loss became" in line]
     # torchrun ends the other rank as soon as one fails: its line may never be printed.
     assert said, "\n".join(lines)
