@@ -136,3 +136,214 @@ def table_rows(planned, rank=0):
         held = ranks[min(rank, len(ranks) - 1)]
         rows[strategy] = dict(held, total=sum(held[part] for part in PARTS[:4]))
     return rows
+
+
+# ---------------------------------------------------------------------------------------
+# The peak: what a rank holds at the busiest moment of a step, not the sum of its parts
+# ---------------------------------------------------------------------------------------
+PEAK_STRATEGIES = ("one process", "DDP", "DDP, bucket view", "ZeRO-1", "FSDP")
+# Rules that a test can switch off, to see the check against torch's tracker fail.
+RULES = {"bucket": True, "all-gather buffers": True, "reduce-scatter buffer": True}
+# How far a prediction may be from torch's tracker: the rules leave out autograd's
+# temporaries (the gradient flowing between layers, LayerNorm's and GELU's scratch), a few
+# tenths of a percent on the chapter's model. A rule left out misses by a buffer: 10 % or more.
+TOLERANCE = 0.03
+
+
+def peak_agrees(predicted, tracked):
+    """Whether a predicted peak is within TOLERANCE of the tracked one."""
+    return abs(tracked - predicted) <= TOLERANCE * tracked
+
+
+def layer_trace(model, batch, dtype, sample_shape=(3, 32, 32), units=()):
+    """The model's layers (modules without children) in forward order, traced on the meta
+    device: [{"unit", "weights", "saved"}] and the batch's bytes. "unit" is the index of the
+    unit holding the layer (None: the root); "saved" the bytes autograd saves first at that
+    layer, freed when its backward is done (the input batch left out: the caller holds it)."""
+    unit_of = {id(m): index for index, unit in enumerate(units) for m in unit.modules()}
+    meta = copy.deepcopy(model).to(device="meta", dtype=dtype)
+    layers = []
+    images = torch.zeros(batch, *sample_shape, dtype=dtype, device="meta")
+    labels = torch.zeros(batch, dtype=torch.long, device="meta")
+    seen = {t.untyped_storage()._cdata for t in (*meta.parameters(), images, labels)}
+
+    def enter(unit):
+        return lambda module, inputs: layers.append({"unit": unit, "saved": 0, "weights": sum(
+            nbytes(p.numel(), dtype) for p in module.parameters())})
+
+    for original, copied in zip(model.modules(), meta.modules()):
+        if not list(copied.children()):
+            copied.register_forward_pre_hook(enter(unit_of.get(id(original))))
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage._cdata not in seen and layers:
+            seen.add(storage._cdata)
+            layers[-1]["saved"] += storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        F.cross_entropy(meta(images), labels)
+    return layers, nbytes(images.numel(), dtype) + nbytes(labels.numel(), torch.long)
+
+
+def backward_points(layers, held, grads_of, extra=lambda index: {}):
+    """[(where, {part: bytes})] as each layer's backward ends, last layer first: what is
+    `held` all step, the activations of this layer and those before it, and grads_of(i), the
+    gradients made so far. extra(i) adds what a strategy keeps beside them."""
+    points = []
+    for index in reversed(range(len(layers))):
+        parts = dict(held, activations=sum(layer["saved"] for layer in layers[:index + 1]),
+                     **grads_of(index), **extra(index))
+        points.append((f"backward, layer {index}", parts))
+    return points
+
+
+def peak_plan(model, batch, ranks, dtype=torch.float32, optimizer="sgd-momentum", units=(),
+              sample_shape=(3, 32, 32), rules=None):
+    """{strategy: [{"peak", "at", "parts"} for each rank]} for PEAK_STRATEGIES, in a step
+    after the first (the optimizer state exists, the gradients were set to None).
+
+    Each rule below is PyTorch 2.14.1's (torch/ paths):
+    - Autograd frees a layer's saved tensors when its backward is done, and makes the
+      gradients of its weights then (AccumulateGrad keeps the new tensor as .grad).
+    - DDP: the Reducer allocates its buckets once, a second copy of every gradient
+      (nn/parallel/distributed.py:731-741, "the saved memory size will be equal to the total
+      gradients size"; the Reducer gets gradient_as_bucket_view at lines 1440-1455). With
+      gradient_as_bucket_view=True .grad is a view of the bucket, but each gradient is made
+      first as autograd's own tensor and then copied in: one layer's gradients on top.
+    - ZeRO-1: DDP's buckets and gradients; the optimizer state of the rank's own tensors.
+    - FSDP2: each unit's all-gather output is one flat buffer of the padded shards times N
+      (_fsdp_collectives.py foreach_all_gather); the unsharded weights are copied out of it.
+      In forward the previous unit's buffer is freed only after the next copy-out
+      (_fsdp_param_group.py:486-496, "Defer free", only when world size > 1). In backward a
+      block's pre_backward prefetches the block before it (_fsdp_param_group.py:592-604,
+      821-857): its all-gather output waits beside the current block. One reduce-scatter
+      input, the padded gradients of a unit, is kept until the next unit's reduce-scatter
+      (_fsdp_param_group.py:113, 660-680), and the unsharded gradients are freed only after
+      the copy-in (_fsdp_collectives.py:597-606). World size 1 skips the all-gather
+      (_fsdp_param_group.py:402-414) but still copies into a reduce-scatter input."""
+    rules = dict(RULES, **(rules or {}))
+    if ranks < 1 or batch % ranks:
+        raise ValueError(f"a global batch of {batch} does not split evenly over {ranks} rank(s)")
+    steady = plan(model, batch, ranks, dtype, optimizer, units, sample_shape)
+    result = {}
+    for strategy in PEAK_STRATEGIES:
+        per_rank = batch if strategy == "one process" else batch // ranks
+        layers, inputs = layer_trace(model, per_rank, dtype, sample_shape, units)
+        ranks_here = 1 if strategy == "one process" else ranks
+        rows = []
+        for rank in range(ranks_here):
+            held = steady["FSDP" if strategy == "FSDP" else strategy.split(",")[0]][rank]
+            if strategy == "FSDP":
+                points = fsdp_points(model, layers, units, ranks, dtype, held, inputs, rules)
+            else:
+                points = replicated_points(strategy, layers, held, inputs, rules)
+            at, parts = max(points, key=lambda point: sum(point[1].values()))
+            rows.append({"peak": sum(parts.values()), "at": at, "parts": parts})
+        result[strategy] = rows
+    return result
+
+
+def replicated_points(strategy, layers, held, inputs, rules):
+    """One process, DDP and ZeRO-1: every rank holds every weight."""
+    base = {"parameters": held["parameters"], "optimizer": held["optimizer"], "batch": inputs}
+    if strategy in ("DDP", "ZeRO-1", "DDP, bucket view") and rules["bucket"]:
+        base["DDP buckets"] = held["gradients"]
+    view = strategy == "DDP, bucket view"
+
+    def grads_of(index):
+        made = layers[index:] if not view else layers[index:index + 1]
+        return {"gradients being made" if view else "gradients":
+                sum(layer["weights"] for layer in made)}
+
+    points = backward_points(layers, base, grads_of)
+    points.append(("optimizer step", dict(base, **grads_of(0))))
+    return points
+
+
+def fsdp_points(model, layers, units, ranks, dtype, held, inputs, rules):
+    """FSDP2: the points of forward and backward where a unit is whole, with the all-gather
+    and reduce-scatter buffers that torch keeps beside it."""
+    in_units = {id(p) for unit in units for p in unit.parameters()}
+    root = [p for p in model.parameters() if id(p) not in in_units]
+    padded = [padded_bytes(list(unit.parameters()), ranks, dtype) for unit in units]
+    root_padded = padded_bytes(root, ranks, dtype)
+    gather = rules["all-gather buffers"] and ranks > 1
+    scatter = rules["reduce-scatter buffer"]
+    sharded_grad = [padded[i] // ranks for i in range(len(units))]
+    base = {"parameters": held["parameters"], "optimizer": held["optimizer"], "batch": inputs,
+            "root whole": root_padded}
+    points = []
+    for index in range(len(units)):  # forward: block i computes beside its all-gather output
+        before = layers[:_last(layers, index) + 1]  # its own saved tensors included
+        parts = dict(base, **{"block whole": padded[index],
+                              "activations": sum(layer["saved"] for layer in before)})
+        if gather:
+            parts["all-gather output"] = padded[index]
+        points.append((f"forward, block {index}", parts))
+
+    def grads_of(index):
+        unit = layers[index]["unit"]
+        done = sum(sharded_grad[u] for u in range(len(units)) if unit is None or u > unit)
+        root_made = sum(layer["weights"] for layer in layers[index:] if layer["unit"] is None)
+        made = sum(layer["weights"] for layer in layers[index:] if layer["unit"] == unit
+                   and unit is not None)
+        return {"sharded gradients": done, "root's gradients": root_made,
+                "block's gradients": made}
+
+    def extra(index):
+        unit = layers[index]["unit"]
+        if unit is None:  # the root's layers: the head first, the stem after every block
+            after_blocks = units and scatter and index < _last(layers, 0)
+            return {"reduce-scatter input": padded[0]} if after_blocks else {}
+        parts = {"block whole": padded[unit]}
+        if gather and unit > 0:
+            parts["prefetched all-gather output"] = padded[unit - 1]
+        if scatter and unit + 1 < len(units):
+            parts["reduce-scatter input"] = padded[unit + 1]
+        return parts
+
+    points += backward_points(layers, base, grads_of, extra)
+    # Each unit's post_backward: its weights resharded, then its reduce-scatter input and
+    # output allocated while its unsharded gradients are still held
+    # (_fsdp_param_group.py:607-680; _fsdp_collectives.py:597-612).
+    head = sum(layer["weights"] for layer in layers[_last(layers, len(units) - 1):]
+               if layer["unit"] is None) if units else 0
+    for index in reversed(range(len(units))):
+        parts = dict(base, **{
+            "sharded gradients": sum(sharded_grad[index + 1:]), "root's gradients": head,
+            "block's gradients": sum(layer["weights"] for layer in layers
+                                     if layer["unit"] == index),
+            "activations": sum(layer["saved"] for layer in layers[:_first(layers, index)])})
+        if scatter:
+            parts.update({"reduce-scatter input": padded[index],
+                          "reduce-scatter output": sharded_grad[index]})
+        if gather and index > 0:
+            parts["prefetched all-gather output"] = padded[index - 1]
+        points.append((f"reduce-scatter, block {index}", parts))
+    parts = {key: base[key] for key in ("parameters", "optimizer", "batch")}
+    parts.update({"sharded gradients": sum(sharded_grad), "root's gradients": sum(
+        layer["weights"] for layer in layers if layer["unit"] is None)})
+    if scatter:
+        parts.update({"reduce-scatter input": root_padded,
+                      "reduce-scatter output": root_padded // ranks})
+    points.append(("reduce-scatter, root", parts))
+    return points
+
+
+def _first(layers, unit):
+    """Index of the first layer of `unit`."""
+    return min(i for i, layer in enumerate(layers) if layer["unit"] == unit)
+
+
+def _last(layers, unit):
+    """Index of the last layer of `unit`."""
+    return max(i for i, layer in enumerate(layers) if layer["unit"] == unit)
+
+
+def padded_bytes(params, ranks, dtype):
+    """Bytes of these tensors gathered whole: each first dimension padded to ceil(d/N) x N
+    rows, as the all-gather output and the unsharded weights are allocated."""
+    return sum(nbytes(chunk_rows(p.shape[0] if p.dim() else 1, ranks, 0)[0] * ranks
+                      * (p[0].numel() if p.dim() else 1), dtype) for p in params)

@@ -17,9 +17,18 @@ notes the bytes of weights it holds (its shards and the units gathered whole) as
 starts its forward and its backward, and as each block is done with either: the timeline of
 gather, compute, free.
 
-Rank 0 writes OUT/memory.jsonl: one line per strategy and rank.
+Then each strategy (and DDP with gradient_as_bucket_view=True) takes two more steps under
+torch's own tracker, torch.distributed._tools' MemTracker (FSDPMemTracker for FSDP): a
+TorchDispatchMode that sees every tensor made, and notes the step's peak, by category. The
+second step is the one that counts: the optimizer state exists through it, as in every step
+after the first. With --device cuda (one GPU per rank, NCCL) the peak is also read from
+torch.cuda.max_memory_allocated over that step.
+
+Rank 0 writes OUT/memory.jsonl (one line per strategy and rank) and OUT/peaks.jsonl (the
+tracked peaks, one line per strategy and rank).
 """
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +38,8 @@ if not __package__:  # run as a file, not imported: find ddp_scripts as notebook
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -54,16 +65,18 @@ def storage_bytes(tensors):
     return sum(storages.values())
 
 
-def build(strategy, width, depth, dtype):
+def build(strategy, width, depth, dtype, device):
     torch.manual_seed(0)
-    model = WideMLP(width, depth).to(dtype)
+    model = WideMLP(width, depth).to(device, dtype)
     if strategy == "FSDP":
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
     elif strategy in ("DDP", "ZeRO-1"):
         model = DDP(model)
+    elif strategy == "DDP, bucket view":
+        model = DDP(model, gradient_as_bucket_view=True)
     if strategy == "ZeRO-1":
         return model, ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.01,
                                               momentum=0.9)
@@ -108,14 +121,14 @@ def note_weights(model, shards, timeline, phase):
     return note
 
 
-def one_step(strategy, args, batch):
+def one_step(strategy, args, batch, device):
     dtype = DTYPES[args.dtype]
-    model, optimizer = build(strategy, args.width, args.depth, dtype)
+    model, optimizer = build(strategy, args.width, args.depth, dtype, device)
     plain = model.module if isinstance(model, DDP) else model
     shards = list(plain.parameters()) if strategy == "FSDP" else []
     generator = torch.Generator().manual_seed(dist.get_rank())
-    images = torch.randn(batch, 3, 32, 32, generator=generator, dtype=dtype)
-    labels = torch.randint(0, 10, (batch,), generator=generator)
+    images = torch.randn(batch, 3, 32, 32, generator=generator, dtype=dtype).to(device)
+    labels = torch.randint(0, 10, (batch,), generator=generator).to(device)
     timeline, phase, saved = [], ["forward"], {}
     note = note_weights(plain, shards, timeline, phase)
 
@@ -144,6 +157,41 @@ def one_step(strategy, args, batch):
             "activations": sum(saved.values()), "timeline": timeline}
 
 
+def tracked_peak(strategy, args, batch, device):
+    """Two steps under torch's tracker; the second step's peak, in bytes, with its categories
+    (and, on a GPU, max_memory_allocated over the second step)."""
+    dtype = DTYPES[args.dtype]
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    images = torch.randn(batch, 3, 32, 32, generator=generator, dtype=dtype).to(device)
+    labels = torch.randint(0, 10, (batch,), generator=generator).to(device)
+    if strategy == "FSDP":  # FSDPMemTracker takes the sharded model; made outside it
+        model, optimizer = build(strategy, args.width, args.depth, dtype, device)
+        tracker = FSDPMemTracker(model, optimizer)
+        tracker.track_inputs((images, labels))
+    else:  # made inside the tracker, so that it sees DDP's buckets allocated
+        tracker = MemTracker()
+        tracker.track_external(images, labels)
+    peaks = []
+    with tracker:
+        if strategy != "FSDP":
+            model, optimizer = build(strategy, args.width, args.depth, dtype, device)
+        for step in range(2):
+            if step:
+                tracker.reset_mod_stats()  # its per-module counts refuse a second step
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+            F.cross_entropy(model(images), labels).backward()
+            optimizer.step()
+            optimizer.zero_grad()  # set_to_none=True, PyTorch's default
+            peaks.append(tracker.get_tracker_snapshot("peak"))
+    snapshot = next(iter(peaks[-1].values()))
+    categories = {str(getattr(key, "value", key)): value for key, value in snapshot.items()}
+    return {"strategy": strategy, "rank": dist.get_rank(), "batch": batch,
+            "tracked_peak": categories.pop("Total"), "categories": categories,
+            "max_memory_allocated": torch.cuda.max_memory_allocated(device)
+            if device.type == "cuda" else None}
+
+
 def main():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -151,28 +199,40 @@ def main():
     parser.add_argument("--depth", type=count, default=4)
     parser.add_argument("--global-batch-size", type=count, default=32)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: the tracked steps on one GPU per rank (NCCL)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    # gloo on the CPU; a rank that never comes ends the others in two minutes, not thirty
-    init_process_group(torch.device("cpu"), timeout_s=120)
+    # a rank that never comes ends the others in two minutes, not thirty
+    device = torch.device("cpu")
+    if args.device == "cuda":  # one GPU per rank: torchrun's LOCAL_RANK
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    init_process_group(device, timeout_s=120)
     ranks = dist.get_world_size()
     if args.global_batch_size % ranks:
         raise UsageError(f"--global-batch-size {args.global_batch_size} does not split over "
                          f"{ranks} ranks")
     records = []
     if dist.get_rank() == 0:  # one process: no process group in the step, the whole batch
-        records.append(one_step("one process", args, args.global_batch_size))
+        records.append(one_step("one process", args, args.global_batch_size, device))
     for strategy in ("DDP", "ZeRO-1", "FSDP"):
-        records.append(one_step(strategy, args, args.global_batch_size // ranks))
+        records.append(one_step(strategy, args, args.global_batch_size // ranks, device))
+    peaks = []
+    if dist.get_rank() == 0:
+        peaks.append(tracked_peak("one process", args, args.global_batch_size, device))
+    for strategy in ("DDP", "DDP, bucket view", "ZeRO-1", "FSDP"):
+        peaks.append(tracked_peak(strategy, args, args.global_batch_size // ranks, device))
     everyone = [None] * ranks
-    dist.all_gather_object(everyone, records)
+    dist.all_gather_object(everyone, (records, peaks))
     if dist.get_rank() == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         settings = {"world_size": ranks, "width": args.width, "depth": args.depth,
-                    "dtype": args.dtype, "global_batch_size": args.global_batch_size}
-        lines = [json.dumps({**settings, **r}) for rank in everyone for r in rank]
-        (out / "memory.jsonl").write_text("\n".join(lines) + "\n")
+                    "dtype": args.dtype, "global_batch_size": args.global_batch_size,
+                    "device": args.device}
+        for name, index in (("memory.jsonl", 0), ("peaks.jsonl", 1)):
+            lines = [json.dumps({**settings, **r}) for rank in everyone for r in rank[index]]
+            (out / name).write_text("\n".join(lines) + "\n")
     dist.barrier()
     dist.destroy_process_group()
 
