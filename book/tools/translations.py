@@ -13,8 +13,10 @@ book/x.md has book/zh/x.md: the English fenced code blocks as they are (their co
 # to the end of a line, may be translated: a line for a line), and a
 line `% en: SHA` before each section (a heading and what follows, up to the next heading).
 When English prose changes, `check` names its Chinese passage, out of date, until `accept`.
+The edition's terms are checked there and in READER_TEXTS, the other Chinese a reader sees.
 """
 import argparse
+import ast
 import difflib
 import hashlib
 import json
@@ -43,6 +45,12 @@ ENGLISH_RUN = re.compile(r"(?:\b[A-Za-z][A-Za-z'’-]*[ ,;:]+){4,}[A-Za-z][A-Za-
 TERMS = [(re.compile(term["variant"]), term.get("allowed") if term.get("allowed") in (None, "code")
           else re.compile(term["allowed"]), term["use"])
          for term in yaml.safe_load((ROOT / "book" / ZH / "terms.yml").read_text(encoding="utf-8"))]
+# The Chinese a reader sees outside the pages: the build's words, the self-checks' hints and
+# lines, the set-up cell's message, the theme's words, the table of contents.
+READER_TEXTS = ["book/zh/words.yml", "book/zh/_toc.yml", "book/zh/_config.yml",
+                "notebooks/selfcheck_zh.json", "notebooks/selfcheck.py", "book/tools/setup_cell.py",
+                "book/extensions/editions.py", "book/theme/figures.js"]
+CHINESE = re.compile(r"[\u4e00-\u9fff]")
 # What a translation keeps of its English passage (links' text translated, targets not).
 STRUCTURE = {"headings": r"(?m)^#{1,6} ", "exercises": r"\{exercise\}", "links": r"\]\(",
              "solutions": r"\{solution\}", "{doc} links": r"\{doc\}", "{ref} links": r"\{ref\}"}
@@ -262,6 +270,34 @@ def term_hits(text):
     return hits
 
 
+def chinese_strings(path):
+    """[(where in the file, text)]: each string with Chinese in it (YAML and JSON values; Python
+    string literals; lines of JavaScript)."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".py":
+        return [(f"line {node.lineno}", node.value) for node in ast.walk(ast.parse(text))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and CHINESE.search(node.value)]
+    if path.suffix == ".js":
+        return [(f"line {n}", line) for n, line in enumerate(text.splitlines(), 1)
+                if CHINESE.search(line)]
+
+    def values(item, where):
+        if isinstance(item, dict):
+            return [found for key, value in item.items() for found in values(value, f"{where}{key}.")]
+        if isinstance(item, list):
+            return [found for n, value in enumerate(item) for found in values(value, f"{where}{n}.")]
+        return [(where.rstrip("."), item)] if isinstance(item, str) and CHINESE.search(item) else []
+    return values(yaml.safe_load(text), "")
+
+
+def reader_text_problems():
+    """The terms of the Chinese a reader sees outside the pages (READER_TEXTS)."""
+    return [f"{name}, {where}: “{variant}”: write {use}"
+            for name in READER_TEXTS for where, text in chinese_strings(ROOT / name)
+            for _, variant, use in term_hits(text)]
+
+
 def passage_problems(where, passage):
     """Not translated yet, out of date, or English left in it, structure lost, terms not used."""
     english, chinese = passage.english, passage.chinese
@@ -348,6 +384,7 @@ def check(show_diff):
         english = page.parent.parent / page.name
         if not english.exists():
             found.append(f"{relative(page)}: no English page {relative(english)}")
+    found += reader_text_problems()
     print("\n".join(found) if found else "The Chinese edition is in step with the English.")
     if found and not show_diff:
         print("How the English changed: python -m book.tools translations check --diff; "

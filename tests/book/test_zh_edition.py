@@ -202,6 +202,10 @@ def test_a_translation_that_drops_a_link_or_a_heading_is_caught(copies):
     "运行下一个代码单元格；FSDP 在这个单元运行之前收集它的权重。",
     "CUDA Graph 录制一次，之后每步重放。",
     "在有张量核心（Tensor Core）的 GPU 上更快。",
+    "从数据加载器取下一个批次；批量 64 和批量 512，全局批量大小。",
+    "它的输入层（stem）先把图像缩小；程序卡住时，把梯度复制到 GPU。",
+    "打出一段回溯信息（traceback）；DataLoader 的工作进程（worker）和 `num_workers`。",
+    "每个微批次都跳过 all-reduce；local rank（本机进程序号）决定 GPU。",
 ])
 def test_the_edition_s_terms_pass_where_they_are_used_as_chosen(text):
     assert translations.term_hits(text) == []
@@ -225,9 +229,37 @@ def test_the_edition_s_terms_pass_where_they_are_used_as_chosen(text):
     ("在有 tensor core 的 GPU 上更快。", "tensor core"),
     ("运行下一个代码单元。", "代码单元"),
     ("下面是在 H200 上录制的输出。", "录制"),
+    ("从数据加载器取下一个批量。", "取下一个批量"),
+    ("它的起始层先把图像缩小。", "起始层"),
+    ("程序卡死了。", "卡死"),
+    ("把梯度拷贝到 GPU。", "拷贝"),
+    ("节点 1 打出一段 traceback。", "traceback"),
+    ("各个 worker 只是连接到它。", "worker"),
+    ("除最后一个微批量外。", "微批量"),
+    ("再加本机序号。", "本机序号"),
 ])
+
+
 def test_a_variant_of_the_edition_s_terms_is_named(text, variant):
     assert [hit[1] for hit in translations.term_hits(text)] == [variant]
+
+
+def test_the_chinese_a_reader_sees_outside_the_pages_is_read_for_the_terms(tmp_path):
+    """The build's words, the self-checks' hints, the set-up cell's message: checked too."""
+    assert {"book/zh/words.yml", "notebooks/selfcheck_zh.json",
+            "notebooks/selfcheck.py"} <= set(translations.READER_TEXTS)
+    assert all((ROOT / name).exists() for name in translations.READER_TEXTS)
+    hints = tmp_path / "hints.json"
+    hints.write_text('{"ch10": {"en": "micro-batch", "zh": "每个微批量"}}', encoding="utf-8")
+    words = tmp_path / "words.yml"
+    words.write_text("traceback_whole: 完整的回溯信息\nhang: 程序卡死了\n", encoding="utf-8")
+    code = tmp_path / "cell.py"
+    code.write_text('print("请把 zip 拷贝到这里")  # 拷贝 in a comment is not shown\n')
+    found = {path.name: [(where, hit[1]) for where, text in translations.chinese_strings(path)
+                         for hit in translations.term_hits(text)]
+             for path in (hints, words, code)}
+    assert found == {"hints.json": [("ch10.zh", "微批量")], "words.yml": [("hang", "卡死")],
+                     "cell.py": [("line 1", "拷贝")]}
 
 
 def test_check_names_a_planted_variant_with_its_page_cell_and_line(copies):
