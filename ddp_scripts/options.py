@@ -68,6 +68,8 @@ def build_parser(description):
     p = ArgumentParser(description=description)
     p.add_argument("--dataset", choices=["cifar10", "synthetic"], default="cifar10",
                    help="cifar10 falls back to synthetic (announced) when it cannot be had")
+    p.add_argument("--no-synthetic-fallback", action="store_true",
+                   help="cifar10: stop (exit 1) if CIFAR-10 cannot be loaded, not train on synthetic data")
     p.add_argument("--data-dir", default="data", help="where CIFAR-10 is downloaded")
     p.add_argument("--train-samples", type=count, default=None,
                    help="use only the first N training images (default: all; synthetic: 50000)")

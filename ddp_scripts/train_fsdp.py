@@ -73,7 +73,8 @@ def main():
     # FSDP: the sharded checkpoint, found by rank 0 and told to every rank
     checkpoint = on_rank_0(fsdp_out.prepare_out_dir, args, args.batch_size * world_size)  # FSDP
     train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
-                                        args.test_samples, args.dtype)
+                                        args.test_samples, args.dtype,
+                                        fallback=not args.no_synthetic_fallback)
     check_batch_fits(args.batch_size, len(train_set))
     sharding.check_same_number_of_batches(len(test_set), args.batch_size, world_size)  # FSDP: forwards in step
 

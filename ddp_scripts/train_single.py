@@ -60,7 +60,8 @@ def main():
     threads = set_cpu_threads(args.threads)
     checkpoint = prepare_out_dir(args)
     train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
-                                        args.test_samples, args.dtype)
+                                        args.test_samples, args.dtype,
+                                        fallback=not args.no_synthetic_fallback)
     check_batch_fits(args.batch_size, len(train_set))
 
     # 2. The model goes to the device once, where it is built; the optimizer follows it.

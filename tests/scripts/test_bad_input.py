@@ -284,5 +284,6 @@ def test_a_download_lock_that_cannot_be_had_means_no_lock(tmp_path, monkeypatch,
     assert ran == [True]
     said = capsys.readouterr().out.splitlines()
     assert len(said) == 1 and said[0].startswith("[rank 0] no download lock ("), said
-    assert said[0].endswith("): downloading without one")
+    assert said[0].endswith("): the processes on this disk that lack the files download them "
+                            "at the same time")
     assert ("Is a directory" if cannot.startswith("lock") else "Function not implemented") in said[0]
