@@ -52,6 +52,9 @@ def main():
         device = pick_device("auto", int(record["LOCAL_RANK"]))
         record["device"] = str(device)
         if device.type == "cuda":
+            # This worker's GPU becomes its current one: whatever CUDA work is added below
+            # lands there, not on GPU 0 beside every other worker's.
+            torch.cuda.set_device(device)
             record["gpu_uuid"] = str(torch.cuda.get_device_properties(device).uuid)
     except UsageError as error:  # more local ranks than visible GPUs: say so in the record
         record["device"] = f"none: {error}"
