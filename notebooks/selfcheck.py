@@ -102,15 +102,32 @@ def check(answer, expected_digest, hint="", name="answer", places=None, case=Non
 
 
 def language():
-    """'zh' for the Chinese edition's notebooks, else 'en'. Jupyter starts the kernel in the
-    notebook's folder (notebooks/zh/) and names the notebook in JPY_SESSION_NAME; elsewhere
-    (Colab, say) BOOK_LANGUAGE=zh chooses it."""
+    """'zh' for the Chinese edition's notebooks, else 'en'. BOOK_LANGUAGE=zh (or en) chooses it;
+    else the notebook says it: Jupyter names the notebook in JPY_SESSION_NAME, and a Chinese
+    notebook's metadata holds "book_edition": "zh", wherever it was uploaded (Kaggle, ModelScope,
+    a lab's server); else a notebook in a folder named zh (Jupyter starts the kernel in the
+    notebook's folder) is Chinese. Where none of these holds (Colab), set BOOK_LANGUAGE."""
     chosen = os.environ.get("BOOK_LANGUAGE", "")
     if chosen in SAID:
         return chosen
-    places = [os.environ.get("JPY_SESSION_NAME", ""), os.getcwd()]
+    session = os.environ.get("JPY_SESSION_NAME", "")
+    said = notebook_edition(session) if session else None
+    if said in SAID:
+        return said
+    places = [session, os.getcwd()]
     return "zh" if any(Path(place).parent.name == "zh" or Path(place).name == "zh"
                        for place in places if place) else "en"
+
+
+def notebook_edition(session):
+    """The book_edition in the metadata of the notebook Jupyter named (its path, or its name in
+    the kernel's folder); None if there is no such notebook."""
+    for path in (Path(session), Path.cwd() / Path(session).name):
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))["metadata"].get("book_edition")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return None
 
 
 def translated_hint(label, hint):

@@ -51,6 +51,9 @@ READER_TEXTS = ["book/zh/words.yml", "book/zh/_toc.yml", "book/zh/_config.yml",
                 "notebooks/selfcheck_zh.json", "notebooks/selfcheck.py", "book/tools/setup_cell.py",
                 "book/extensions/editions.py", "book/theme/figures.js"]
 CHINESE = re.compile(r"[\u4e00-\u9fff]")
+# A Chinese notebook says so in its metadata, for the self-checks' hints wherever it is opened
+# (notebooks/selfcheck.py, language()).
+EDITION = {"book_edition": ZH}
 # What a translation keeps of its English passage (links' text translated, targets not).
 STRUCTURE = {"headings": r"(?m)^#{1,6} ", "exercises": r"\{exercise\}", "links": r"\]\(",
              "solutions": r"\{solution\}", "{doc} links": r"\{doc\}", "{ref} links": r"\{ref\}"}
@@ -159,7 +162,8 @@ def sync_notebook(english_path, chinese_path):
             cell = {**cell, "metadata": {**cell["metadata"], "mystnb": mystnb,
                                          "translation": translation if translated else {"en": "new"}}}
         cells.append(cell)
-    write(chinese_path, {**english, "cells": cells})
+    write(chinese_path, {**english, "metadata": {**english.get("metadata", {}), **EDITION},
+                         "cells": cells})
 
 
 def scan(text):
@@ -379,6 +383,10 @@ def check(show_diff):
     for english in english_pages():
         problems, passages = compare(english, chinese_page(english))
         found += problems
+        chinese = chinese_page(english)
+        if english.suffix == ".ipynb" and chinese.exists() and not (
+                EDITION.items() <= read(chinese).get("metadata", {}).items()):
+            found.append(f"{relative(chinese)}: its metadata lacks {EDITION} ({SYNC})")
         diffs += english_history(english, passages) if show_diff else []
     for page in [*(ROOT / "notebooks" / ZH).glob("*.ipynb"), *(ROOT / "book" / ZH).glob("*.md")]:
         english = page.parent.parent / page.name

@@ -474,3 +474,33 @@ def test_a_page_s_code_comment_in_chinese_passes_and_changed_code_is_still_caugh
     lines.insert(number, "# 多出来的一行注释")
     chinese.write_text("\n".join(lines))
     assert any("code blocks differ" in p for p in problems_of(english, chinese))
+
+
+# --- the self-checks speak the notebook's language, wherever it is opened --------------------
+
+def test_sync_marks_a_chinese_notebook_as_the_chinese_edition_s(copies):
+    english, chinese, _, _ = copies
+    zh = json.loads(chinese.read_text())
+    zh["metadata"].pop("book_edition", None)
+    chinese.write_text(json.dumps(zh, ensure_ascii=False))
+    translations.sync_notebook(english, chinese)
+    assert json.loads(chinese.read_text())["metadata"]["book_edition"] == "zh"
+    assert "book_edition" not in json.loads(english.read_text())["metadata"]
+
+
+def test_the_self_checks_take_the_language_from_the_notebook_jupyter_names(monkeypatch, tmp_path):
+    """An uploaded notebook (Kaggle, ModelScope) sits in no zh/ folder: its metadata says."""
+    from notebooks import selfcheck
+    monkeypatch.delenv("BOOK_LANGUAGE", raising=False)
+    upload = tmp_path / "working"
+    upload.mkdir()
+    monkeypatch.chdir(upload)
+    for name, metadata in (("en.ipynb", {}), ("zh.ipynb", {"book_edition": "zh"})):
+        (upload / name).write_text(json.dumps({"cells": [], "metadata": metadata}))
+    for session, expected in (("en.ipynb", "en"), (str(upload / "zh.ipynb"), "zh"),
+                              ("elsewhere/zh.ipynb", "zh"),   # a path from the server's root
+                              ("missing.ipynb", "en")):
+        monkeypatch.setenv("JPY_SESSION_NAME", session)
+        assert selfcheck.language() == expected, session
+    monkeypatch.setenv("BOOK_LANGUAGE", "en")   # the reader's choice wins
+    assert selfcheck.language() == "en"
