@@ -1,13 +1,16 @@
 # Setup: find the companion scripts (ddp_scripts/) next to this notebook; opened alone
 # (on Colab, say), fetch them from the book's repository first, or from a mirror of it
-# named by the environment variable BOOK_REPO_URL.
+# named by the environment variable BOOK_REPO_URL (in a notebook already running, set it
+# in a cell above this one: os.environ["BOOK_REPO_URL"] = "https://...").
 import os, pathlib, shutil, subprocess, sys
 
 REPOSITORY = "https://github.com/pytorch-gpu-book/pytorch-gpu-book"
 here = pathlib.Path.cwd().resolve()
 clone = here / "gpu-book"  # a notebook opened alone keeps its copy of the repository here
-unzipped = here / "pytorch-gpu-book"  # or the site's book-source.zip, unpacked beside it
-places = [here, *here.parents, clone, unzipped]
+# or an archive unpacked beside it: the site's book-source.zip (pytorch-gpu-book/), or a
+# repository's "Download ZIP" (pytorch-gpu-book-main/, say)
+unzipped = sorted(here.glob("pytorch-gpu-book*"))
+places = [here, *here.parents, clone, *unzipped]
 ROOT = next((p for p in places if (p / "ddp_scripts" / "train_single.py").exists()), None)
 if ROOT is None:
     url = os.environ.get("BOOK_REPO_URL", REPOSITORY)

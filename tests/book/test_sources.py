@@ -354,6 +354,18 @@ def test_setup_cell_finds_the_site_s_source_archive_unpacked_beside_the_notebook
     assert not log.exists(), "git was called although the unpacked archive was there"
 
 
+def test_setup_cell_finds_a_repository_zip_unpacked_under_its_own_name(tmp_path):
+    """A "Download ZIP" of the repository or a mirror unpacks to pytorch-gpu-book-main/."""
+    alone = tmp_path / "content"
+    (alone / "pytorch-gpu-book-main" / "ddp_scripts").mkdir(parents=True)
+    (alone / "pytorch-gpu-book-main" / "ddp_scripts" / "train_single.py").write_text("")
+    log = tmp_path / "git.log"
+    result = run_setup_cell(alone, fake_git(tmp_path / "bin", log, clone_works=False))
+    assert result.returncode == 0, result.stderr
+    assert printed(result, "ROOT") == str(alone / "pytorch-gpu-book-main")
+    assert not log.exists(), "git was called although the unpacked zip was there"
+
+
 def test_setup_cell_alone_without_network_fails_with_one_line_that_says_what_to_do(tmp_path):
     alone = tmp_path / "content"
     alone.mkdir()
