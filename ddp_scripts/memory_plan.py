@@ -1,7 +1,8 @@
-"""Memory per rank, predicted: parameters, gradients, optimizer state and activations.
+"""Memory per rank, predicted: what each rank holds after a step, and its peak during one.
 
-    from ddp_scripts.memory_plan import plan
-    table = plan(WideMLP(256, 4), batch=32, ranks=4, dtype=torch.float64, units=model.blocks)
+    from ddp_scripts.memory_plan import peak_plan, plan
+    held = plan(WideMLP(256, 4), batch=32, ranks=4, dtype=torch.float64, units=model.blocks)
+    peak = peak_plan(WideMLP(256, 4), 32, 4, torch.float64, units=model.blocks)
 
 For one process, DDP, ZeRO-1 (torch.distributed.optim.ZeroRedundancyOptimizer) and FSDP
 (fully_shard on each unit, then on the root), plan() predicts what each rank holds, rank by
@@ -16,17 +17,20 @@ rank, the way PyTorch splits the tensors:
              for its gradient shard, padding included (_fsdp_param.py: padded_sharded_size);
              the optimizer state follows the shard's real rows (N - 1 ranks hold ceil(d / N),
              the last what is left, possibly nothing).
-             "gathered" is the most FSDP holds whole at once during the step: the root unit
-             (kept whole from forward to backward) and the largest other unit.
+             "gathered" is the weights FSDP holds whole at once, as a layer starts: the root
+             unit (kept whole from forward to backward) and the largest other unit. FSDP's
+             all-gather and reduce-scatter buffers come beside them: peak_plan counts them.
 
 Activations are what autograd saves for backward (the input batch included, the weights left
 out), counted on the meta device: a forward pass of a copy of the model with no memory, so
 even a model too large for this machine can be planned. The per-rank batch is batch / ranks
 (the whole batch for one process).
 
-The model's parameters give the shapes; its dtype is replaced by `dtype`. Not counted:
-mixed precision's second copy, DDP's communication buckets (another G, unless
-gradient_as_bucket_view=True), the CUDA context and the caching allocator's slack.
+The model's parameters give the shapes; its dtype is replaced by `dtype`. plan() leaves out
+what exists only during the step: DDP's communication buckets (another G, unless
+gradient_as_bucket_view=True) and FSDP's communication buffers. peak_plan() walks the step's
+points with them and names the point of the peak. Neither counts mixed precision's second
+copy, the CUDA context, cuBLAS's workspace or the caching allocator's slack.
 """
 import copy
 import math
@@ -128,16 +132,6 @@ def gathered_bytes(model, units, dtype):
     return nbytes(root + largest, dtype)
 
 
-def table_rows(planned, rank=0):
-    """One row per strategy for rank `rank` (the last rank for one process): {part: bytes},
-    with the total of the first four (what a rank holds between steps plus its activations)."""
-    rows = {}
-    for strategy, ranks in planned.items():
-        held = ranks[min(rank, len(ranks) - 1)]
-        rows[strategy] = dict(held, total=sum(held[part] for part in PARTS[:4]))
-    return rows
-
-
 # ---------------------------------------------------------------------------------------
 # The peak: what a rank holds at the busiest moment of a step, not the sum of its parts
 # ---------------------------------------------------------------------------------------
@@ -157,7 +151,7 @@ def peak_agrees(predicted, tracked):
 
 def layer_trace(model, batch, dtype, sample_shape=(3, 32, 32), units=()):
     """The model's layers (modules without children) in forward order, traced on the meta
-    device: [{"unit", "weights", "saved"}] and the batch's bytes. "unit" is the index of the
+    device: [{"name", "unit", "weights", "saved"}] and the batch's bytes. "unit" is the index of the
     unit holding the layer (None: the root); "saved" the bytes autograd saves first at that
     layer, freed when its backward is done (the input batch left out: the caller holds it)."""
     unit_of = {id(m): index for index, unit in enumerate(units) for m in unit.modules()}
@@ -167,13 +161,14 @@ def layer_trace(model, batch, dtype, sample_shape=(3, 32, 32), units=()):
     labels = torch.zeros(batch, dtype=torch.long, device="meta")
     seen = {t.untyped_storage()._cdata for t in (*meta.parameters(), images, labels)}
 
-    def enter(unit):
-        return lambda module, inputs: layers.append({"unit": unit, "saved": 0, "weights": sum(
-            nbytes(p.numel(), dtype) for p in module.parameters())})
+    def enter(name, unit):
+        return lambda module, inputs: layers.append({"name": name, "unit": unit, "saved": 0,
+                                                     "weights": sum(nbytes(p.numel(), dtype)
+                                                                    for p in module.parameters())})
 
-    for original, copied in zip(model.modules(), meta.modules()):
+    for (name, original), copied in zip(model.named_modules(), meta.modules()):
         if not list(copied.children()):
-            copied.register_forward_pre_hook(enter(unit_of.get(id(original))))
+            copied.register_forward_pre_hook(enter(name, unit_of.get(id(original))))
 
     def pack(tensor):
         storage = tensor.untyped_storage()
@@ -195,7 +190,7 @@ def backward_points(layers, held, grads_of, extra=lambda index: {}):
     for index in reversed(range(len(layers))):
         parts = dict(held, activations=sum(layer["saved"] for layer in layers[:index + 1]),
                      **grads_of(index), **extra(index))
-        points.append((f"backward, layer {index}", parts))
+        points.append((f"backward of {layers[index]['name']}", parts))
     return points
 
 
@@ -281,7 +276,7 @@ def fsdp_points(model, layers, units, ranks, dtype, held, inputs, rules):
                               "activations": sum(layer["saved"] for layer in before)})
         if gather:
             parts["all-gather output"] = padded[index]
-        points.append((f"forward, block {index}", parts))
+        points.append((f"forward of blocks.{index}", parts))
 
     def grads_of(index):
         unit = layers[index]["unit"]
@@ -321,14 +316,14 @@ def fsdp_points(model, layers, units, ranks, dtype, held, inputs, rules):
                           "reduce-scatter output": sharded_grad[index]})
         if gather and index > 0:
             parts["prefetched all-gather output"] = padded[index - 1]
-        points.append((f"reduce-scatter, block {index}", parts))
+        points.append((f"reduce-scatter of blocks.{index}", parts))
     parts = {key: base[key] for key in ("parameters", "optimizer", "batch")}
     parts.update({"sharded gradients": sum(sharded_grad), "root's gradients": sum(
         layer["weights"] for layer in layers if layer["unit"] is None)})
     if scatter:
         parts.update({"reduce-scatter input": root_padded,
                       "reduce-scatter output": root_padded // ranks})
-    points.append(("reduce-scatter, root", parts))
+    points.append(("reduce-scatter of the root", parts))
     return points
 
 

@@ -157,6 +157,25 @@ def one_step(strategy, args, batch, device):
             "activations": sum(saved.values()), "timeline": timeline}
 
 
+def note_where_the_peak_rises(tracker, where):
+    """Keep in where[0] the point of the step at which the tracker's peak last rose: the
+    innermost module running, in forward or backward (or the optimizer step). The tracker
+    keeps no such record; this wraps the method that updates its peak."""
+    update = tracker._update_peak_stats
+
+    def wrapped(state):
+        before = dict(tracker._peak_mem)
+        update(state)
+        if tracker._peak_mem != before:
+            names = [name for name in tracker._mod_tracker.parents if "." in name]
+            inner = max(names, key=lambda name: name.count("."), default="")
+            inner = inner.split(".", 1)[1].removeprefix("module.") if inner else "the root"
+            phase = "backward" if tracker._mod_tracker.is_bw else "forward"
+            where[0] = "optimizer step" if tracker._in_opt else f"{phase} of {inner}"
+
+    tracker._update_peak_stats = wrapped
+
+
 def tracked_peak(strategy, args, batch, device):
     """Two steps under torch's tracker; the second step's peak, in bytes, with its categories
     (and, on a GPU, max_memory_allocated over the second step)."""
@@ -171,7 +190,8 @@ def tracked_peak(strategy, args, batch, device):
     else:  # made inside the tracker, so that it sees DDP's buckets allocated
         tracker = MemTracker()
         tracker.track_external(images, labels)
-    peaks = []
+    peaks, where = [], [None]
+    note_where_the_peak_rises(tracker, where)
     with tracker:
         if strategy != "FSDP":
             model, optimizer = build(strategy, args.width, args.depth, dtype, device)
@@ -187,7 +207,8 @@ def tracked_peak(strategy, args, batch, device):
     snapshot = next(iter(peaks[-1].values()))
     categories = {str(getattr(key, "value", key)): value for key, value in snapshot.items()}
     return {"strategy": strategy, "rank": dist.get_rank(), "batch": batch,
-            "tracked_peak": categories.pop("Total"), "categories": categories,
+            "tracked_peak": categories.pop("Total"), "tracked_at": where[0],
+            "categories": categories,
             "max_memory_allocated": torch.cuda.max_memory_allocated(device)
             if device.type == "cuda" else None}
 

@@ -1,14 +1,16 @@
-"""Chapter 11's memory pages: the calculator's table beside the run, its form, and two figures.
+"""Chapter 11's memory pages: the calculator's tables beside the run, its form, and two figures.
 
 The predictions come from ddp_scripts/memory_plan.py, the measurements from the lines
-ddp_scripts/memory_run.py wrote (memory.jsonl); the figures draw both with notebooks/figures.py.
+ddp_scripts/memory_run.py wrote (memory.jsonl, and peaks.jsonl for torch's tracker); the
+figures draw both with notebooks/figures.py.
 """
 import json
 
 import pandas as pd
 import torch
 
-from ddp_scripts.memory_plan import PARTS, STATES_PER_PARAMETER, STRATEGIES, plan, table_rows
+from ddp_scripts.memory_plan import (PARTS, PEAK_STRATEGIES, STATES_PER_PARAMETER, STRATEGIES,
+                                     peak_agrees, peak_plan, plan)
 from ddp_scripts.sharding import WideMLP
 from notebooks.figures import colour, stacked_bars
 
@@ -25,12 +27,37 @@ def read_run(path):
     return {(r["strategy"], r["rank"]): r for r in records}, settings
 
 
-def plan_for(settings):
-    """memory_plan.plan for the run's own model, batch, dtype and world size."""
+def plan_for(settings, planner=plan, **options):
+    """memory_plan.plan (or peak_plan) for the run's own model, batch, dtype and world size."""
     with torch.device("meta"):   # shapes only: even a model too large for this machine
         model = WideMLP(settings["width"], settings["depth"])
-    return plan(model, settings["global_batch_size"], settings["world_size"],
-                DTYPES[settings["dtype"]], units=model.blocks)
+    return planner(model, settings["global_batch_size"], settings["world_size"],
+                   DTYPES[settings["dtype"]], units=model.blocks, **options)
+
+
+def read_peaks(path):
+    """peaks.jsonl: {(strategy, rank): record} in PEAK_STRATEGIES' order."""
+    records = [json.loads(line) for line in open(path) if line.strip()]
+    records.sort(key=lambda r: (PEAK_STRATEGIES.index(r["strategy"]), r["rank"]))
+    return {(r["strategy"], r["rank"]): r for r in records}
+
+
+def peaks_side_by_side(predicted, tracked):
+    """One row per strategy and rank: the predicted peak and where it falls, the tracker's
+    peak (and, on a GPU, max_memory_allocated), in MB, their gap in percent, and whether the
+    prediction is within memory_plan.TOLERANCE."""
+    rows = []
+    for (strategy, rank), record in tracked.items():
+        guess = predicted[strategy][rank]
+        row = {"strategy": strategy, "rank": rank, "predicted peak (MB)": guess["peak"] / 1e6,
+               "falls at": guess["at"], "tracked (MB)": record["tracked_peak"] / 1e6,
+               "gap (%)": 100 * (record["tracked_peak"] - guess["peak"])
+               / record["tracked_peak"]}
+        if record.get("max_memory_allocated") is not None:
+            row["max_memory_allocated (MB)"] = record["max_memory_allocated"] / 1e6
+        row["agrees"] = peak_agrees(guess["peak"], record["tracked_peak"])
+        rows.append(row)
+    return pd.DataFrame(rows).set_index(["strategy", "rank"])
 
 
 def side_by_side(planned, measured):
@@ -91,15 +118,41 @@ def draw_step(ax, measured, ranks=None):
     return drawn
 
 
+# The peak's parts, grouped into the calculator's columns: they add up to the peak.
+PEAK_COLUMNS = {
+    "weights": ("parameters", "root whole", "block whole"),
+    "gradients": ("gradients", "gradients being made", "sharded gradients", "root's gradients",
+                  "block's gradients"),
+    "optimizer": ("optimizer",),
+    "activations and batch": ("activations", "batch"),
+    "communication buffers": ("DDP buckets", "all-gather output",
+                              "prefetched all-gather output", "reduce-scatter input",
+                              "reduce-scatter output"),
+}
+
+
 def calculator_table(width, depth, batch, ranks, dtype, optimizer):
-    """The calculator's answer for the largest rank (rank 0), one row per strategy, in MB."""
+    """The calculator's answer for the rank with the highest peak, one row per strategy, in
+    MB: what that rank holds at its peak, by kind (the columns add up to the peak), and the
+    point of the step where the peak falls."""
     with torch.device("meta"):
         model = WideMLP(width, depth)
-    rows = table_rows(plan(model, batch, ranks, DTYPES[dtype], optimizer, units=model.blocks))
-    table = pd.DataFrame(rows).T[[*PARTS, "total"]] / 1e6
-    table.columns = [f"{c} (MB)" for c in table.columns]
-    table.index.name = f"rank 0 of {ranks}"
+    peaks = peak_plan(model, batch, ranks, DTYPES[dtype], optimizer, units=model.blocks)
+    rows = {}
+    for strategy, per_rank in peaks.items():
+        top = max(per_rank, key=lambda row: row["peak"])
+        rows[strategy] = {f"{column} (MB)": sum(top["parts"].get(part, 0) for part in parts)
+                          / 1e6 for column, parts in PEAK_COLUMNS.items()}
+        rows[strategy].update({"peak (MB)": top["peak"] / 1e6, "peak falls at": top["at"]})
+    table = pd.DataFrame(rows).T
+    table.index.name = f"{ranks} rank(s), batch {batch}, {dtype}, {optimizer}"
     return table
+
+
+def calculator_cases(cases):
+    """calculator_table for several cases, one after the other: {title: table}."""
+    return {f"WideMLP({c['width']}, {c['depth']}), {c['ranks']} rank(s), batch {c['batch']}, "
+            f"{c['dtype']}, {c['optimizer']}": calculator_table(**c) for c in cases}
 
 
 def calculator_form(width, depth, batch, ranks, dtype="float64", optimizer="sgd-momentum"):
