@@ -46,7 +46,7 @@ if not __package__:  # run as a file, not imported: find ddp_scripts as notebook
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from ddp_scripts.checkpoints import write_atomically
-from ddp_scripts.cli import UsageError, first_line, run_cli
+from ddp_scripts.cli import UsageError, cannot_write, first_line, run_cli
 from ddp_scripts.data import cifar10_tensors
 from ddp_scripts.hardware import describe_hardware
 from ddp_scripts.launcher import LaunchError, as_cli, read_metrics, run_command, torchrun_command
@@ -580,8 +580,7 @@ def check_writable(out):
         probe.write_text("")
         probe.unlink()
     except OSError as error:
-        raise UsageError(f"--out {out} cannot be written: {error.strerror or first_line(error)} "
-                         f"({error.filename})") from None
+        raise cannot_write("--out", out, error) from None
 
 
 def main():

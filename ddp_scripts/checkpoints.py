@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_scripts.cli import HELD_FOLDERS, NothingToDo, RunStopped, UsageError, first_line, say
+from ddp_scripts.cli import (HELD_FOLDERS, NothingToDo, RunStopped, UsageError, cannot_write,
+                             first_line, say)
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY, logged_epochs, metrics_rows
 
 try:
@@ -39,9 +40,7 @@ def claim_out_dir(out):
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as error:
-        where = f" ({error.filename})" if error.filename not in (None, str(out)) else ""
-        raise UsageError(f"--out {out} cannot be written: {error.strerror or first_line(error)}"
-                         f"{where}") from None
+        raise cannot_write("--out", out, error) from None
     key = os.path.realpath(out)
     if key in HELD_FOLDERS:
         return

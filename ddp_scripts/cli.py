@@ -80,8 +80,8 @@ def run_cli(main):
         _write_error_file(error, exit_code=status, rank=rank, with_stack=False)
         sys.exit(status)
     except KeyboardInterrupt:  # Ctrl-C: the files are as the last finished epoch left them
-        sys.stderr.write(f"{tag}interrupted (Ctrl-C): what the last finished epoch saved is "
-                         "whole\n")
+        sys.stderr.write(f"{tag}interrupted (Ctrl-C); the last checkpoint saved, if any, "
+                         "is whole\n")
         sys.exit(130)
     except Exception as error:
         _write_error_file(error, exit_code=1, rank=rank)
@@ -97,8 +97,16 @@ def _write_error_file(error, **details):
     full while the run went on loses the error file, not the error's line or exit status."""
     try:
         write_error_file(error, **details)
-    except OSError as failed:
-        sys.stderr.write(f"notice: the error file could not be written ({failed.strerror})\n")
+    except OSError:
+        pass  # the error's own line is out already; torchrun then reports the exit status
+
+
+def cannot_write(option, path, error):
+    """The UsageError for a path an option names that cannot be made or written (OSError)."""
+    reason = ("Not a directory" if isinstance(error, FileExistsError)  # a file where a folder goes
+              else error.strerror or first_line(error))
+    where = f" ({error.filename})" if error.filename not in (None, str(path)) else ""
+    return UsageError(f"{option} {path} cannot be written: {reason}{where}")
 
 
 def first_line(error):

@@ -253,7 +253,11 @@ def failure(exit_code, errors, lines):
     torchrun's own summary; with no error file at all, the run's own exit status and the
     last lines it printed."""
     written = {error["rank"] for error in errors}
-    silent = {rank: code for rank, code in torchrun_failures(lines).items() if rank not in written}
+    failed = torchrun_failures(lines)
+    root = next(iter(failed), None)
+    # torchrun ends the other ranks with SIGTERM once one has failed: those are not the cause
+    silent = {rank: code for rank, code in failed.items()
+              if rank not in written and (code != -signal.SIGTERM or rank == root)}
     if silent:
         rank = next((r for r, code in silent.items() if code < 0), next(iter(silent)))
         code = silent[rank]

@@ -1,0 +1,372 @@
+"""What the scripts do when things go wrong, case by case: nothing lost, one line.
+
+A run's folder is claimed, not only checked; a resume trains as the saved run did or is
+refused; every failure the scripts can foresee is one line and a non-zero exit, before the
+work starts where it can be checked then. Most cases run the script inside this process
+(helpers.run_in_process); those that need a process of their own (a signal, a file size
+limit, torchrun) are few and small.
+"""
+import errno
+import fcntl
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+from ddp_scripts import benchmark, checkpoints, fsdp_out
+from ddp_scripts.checkpoints import prepare_out_dir, start_out_dir, write_atomically
+from ddp_scripts.cli import NothingToDo, UsageError
+from ddp_scripts.launcher import LaunchError, failure, run_command, run_script, torchrun_command
+from ddp_scripts.options import build_parser
+from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs
+from helpers import SMALL, assert_one_line_error, run_in_process
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = [*SMALL, "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished run of 2 epochs (batch 32, lr 0.01, momentum 0.9), to be copied."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    result = run_in_process("train_single.py", *RUN, "--epochs", "2", "--out", out)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def copy_of(run, tmp_path):
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def files_in(out):
+    """Every file in OUT and its bytes: what a refused or empty run must leave as it was."""
+    return {path.name: path.read_bytes() for path in Path(out).iterdir() if path.is_file()}
+
+
+# --- The folder ----------------------------------------------------------------------------
+def test_an_out_under_a_file_is_one_line_before_any_work(tmp_path):
+    (tmp_path / "afile").write_text("keep me")
+    result = run_in_process("train_single.py", *RUN, "--out", tmp_path / "afile" / "run")
+    assert_one_line_error(result, "--out", "cannot be written: Not a directory")
+    assert "training on" not in result.stdout  # refused before data and model
+    assert (tmp_path / "afile").read_text() == "keep me"
+
+
+def test_an_out_that_cannot_be_written_is_one_line_before_any_work(tmp_path, monkeypatch):
+    """A read-only disk, as its probe file meets it (root may write anywhere here)."""
+    def read_only(path, data):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    monkeypatch.setattr(Path, "write_bytes", read_only)
+    result = run_in_process("train_single.py", *RUN, "--out", tmp_path / "ro" / "run")
+    assert_one_line_error(result, "cannot be written: Read-only file system")
+    assert "training on" not in result.stdout
+
+
+def test_a_run_refused_before_it_starts_leaves_no_folder_behind(tmp_path):
+    result = run_in_process("train_single.py", *RUN, "--batch-size", "1024",
+                            "--out", tmp_path / "new" / "run")
+    assert_one_line_error(result, "--batch-size")
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_empty_out_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run_in_process("train_single.py", *RUN, "--out", "")
+    assert_one_line_error(result, "--out must be the name of a folder, got an empty string")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_run_into_a_held_folder_is_refused(finished, tmp_path):
+    """While a run holds OUT (its flock), another run into it, --overwrite or not, stops."""
+    out = copy_of(finished, tmp_path)
+    before = files_in(out)
+    holder = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the first run holds it
+        for extra in ([], ["--overwrite"], ["--resume", "--epochs", "3"]):
+            result = run_in_process("train_single.py", *RUN, *extra, "--out", out)
+            assert_one_line_error(result, "is in use by another run")
+        assert files_in(out) == before
+    finally:
+        os.close(holder)  # as the first run's end lets go of it
+    result = run_in_process("train_single.py", *RUN, "--resume", "--epochs", "3", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert logged_epochs(out) == [1, 2, 3]
+
+
+def test_a_run_lets_go_of_its_folder_even_when_it_fails(tmp_path):
+    out = tmp_path / "run"
+    failed = run_in_process("train_single.py", *RUN, "--lr", "1e30", "--out", out)
+    assert failed.returncode == 1 and "the loss became nan" in failed.stderr
+    holder = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if still held
+    finally:
+        os.close(holder)
+
+
+def test_a_new_run_removes_only_the_temporary_files_of_its_own_kind(tmp_path):
+    for name in (".notes.tmp", ".env.tmpl", "data.csv", ".metrics.jsonl.tmpl",
+                 f".{CHECKPOINT}.tmp123", f".{METRICS}.tmp45", f".{SUMMARY}.tmp6"):
+        (tmp_path / name).write_text("x")
+    args = build_parser("test").parse_args(["--out", str(tmp_path)])
+    start_out_dir(args, prepare_out_dir(args))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".env.tmpl", ".metrics.jsonl.tmpl", ".notes.tmp", "data.csv", METRICS]
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path):
+    (tmp_path / "file").write_text("old")
+
+    def full_disk(f):
+        f.write("half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    with pytest.raises(OSError):
+        write_atomically(tmp_path / "file", full_disk, mode="w")
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]
+    assert (tmp_path / "file").read_text() == "old"
+
+
+def _file_size_limit(limit):
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past it fails (EFBIG) instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.timeout(300)
+def test_a_save_that_fails_mid_run_says_what_was_kept(finished, tmp_path):
+    """A disk that fills while epoch 3's checkpoint is written (here: a file size limit
+    smaller than the checkpoint): one line, exit 1, epoch 2's checkpoint whole, no
+    temporary file."""
+    out = copy_of(finished, tmp_path)
+    checkpoint = (out / CHECKPOINT).read_bytes()
+    result = subprocess.run(
+        [sys.executable, "ddp_scripts/train_single.py", *RUN, "--epochs", "3", "--resume",
+         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240,
+        preexec_fn=_file_size_limit(len(checkpoint) // 2))
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: cannot save epoch 3 in {out} (File too large); {CHECKPOINT} of epoch 2 is "
+        "whole: --resume continues from it"], result.stderr
+    assert (out / CHECKPOINT).read_bytes() == checkpoint
+    assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
+
+
+# --- An honest resume ------------------------------------------------------------------------
+@pytest.mark.parametrize("option, value, fragment", [
+    ("--lr", "5", "was trained with --lr 0.01 and this run asks for 5.0: pass --lr 0.01"),
+    ("--momentum", "0", "was trained with --momentum 0.9 and this run asks for 0.0"),
+    ("--batch-size", "64", "was trained with a global batch of 32 (1 rank(s) of 32) and this "
+                           "run's is 64: pass --batch-size 32"),
+    ("--train-samples", "256", "was trained with --train-samples 512 and this run asks for 256"),
+])
+def test_a_resume_that_would_train_differently_is_refused(finished, tmp_path, option, value,
+                                                          fragment):
+    out = copy_of(finished, tmp_path)
+    before = files_in(out)
+    result = run_in_process("train_single.py", *RUN, "--epochs", "3", option, value, "--resume",
+                            "--out", out)
+    assert_one_line_error(result, fragment, "--overwrite")
+    assert files_in(out) == before
+
+
+def test_a_resume_records_what_it_trained_with(finished, tmp_path):
+    out = copy_of(finished, tmp_path)
+    result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", out)
+    assert result.returncode == 0, result.stderr
+    saved = torch.load(out / CHECKPOINT, weights_only=True)
+    summary = json.loads((out / SUMMARY).read_text())
+    assert saved["optimizer"]["param_groups"][0]["lr"] == summary["args"]["lr"] == 0.01
+    assert saved["trained"]["global_batch_size"] == 32 and saved["epoch"] == 3
+
+
+def test_a_resume_on_another_number_of_ranks_keeps_the_global_batch(finished, tmp_path,
+                                                                   monkeypatch):
+    """Saved by 1 rank of 32; resumed by 2 ranks: 2 x 32 is refused, 2 x 16 continues."""
+    out = copy_of(finished, tmp_path)
+    monkeypatch.setattr(checkpoints, "world_size", lambda: 2)
+    parse = build_parser("test").parse_args
+    with pytest.raises(UsageError, match=r"global batch of 32 \(1 rank\(s\) of 32\) and this "
+                                         r"run's is 64: pass --batch-size 16 to continue it on 2"):
+        prepare_out_dir(parse([*RUN, "--epochs", "3", "--resume", "--out", str(out)]))
+    args = parse([*RUN, "--epochs", "3", "--batch-size", "16", "--resume", "--out", str(out)])
+    assert prepare_out_dir(args)["epoch"] == 2
+
+
+@pytest.mark.parametrize("epochs", ["1", "2"])
+def test_a_resume_with_nothing_to_do_says_so_and_changes_nothing(finished, tmp_path, epochs):
+    out = copy_of(finished, tmp_path)
+    before = files_in(out)
+    result = run_in_process("train_single.py", *RUN, "--epochs", epochs, "--resume", "--out", out)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.strip() == (f"[rank 0] {out / CHECKPOINT} is at epoch 2, and --epochs is "
+                                     f"{epochs}: nothing to train, the run is left as it is (pass "
+                                     "a larger --epochs to train on)")
+    assert files_in(out) == before
+
+
+def test_a_logged_run_without_its_checkpoint_is_refused_not_restarted(finished, tmp_path):
+    out = copy_of(finished, tmp_path)
+    (out / CHECKPOINT).unlink()
+    before = files_in(out)
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--resume", "--out", out)
+    assert_one_line_error(result, f"holds epochs [1, 2] but no {CHECKPOINT}", "--overwrite")
+    assert files_in(out) == before
+
+
+def test_a_crash_before_the_first_checkpoint_starts_again(tmp_path):
+    """Epoch 1 logged, its checkpoint never written: nothing is lost by training it again."""
+    checkpoints.append_metrics(tmp_path, {"epoch": 1})
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--resume", "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert logged_epochs(tmp_path) == [1] and (tmp_path / CHECKPOINT).exists()
+
+
+def test_the_sharded_checkpoint_is_held_to_the_same_rules(tmp_path):
+    args = build_parser("test").parse_args(["--out", str(tmp_path), "--resume", "--epochs", "3"])
+    args.width, args.depth = 8, 2  # train_fsdp.py's options
+    folder = tmp_path / SHARDED_CHECKPOINT
+    folder.mkdir()
+    info = {"epoch": 2, "identity": fsdp_out.sharded_identity(args), "lr": 0.01, "momentum": 0.9,
+            "world_size": 1, "global_batch_size": 32}
+    (folder / fsdp_out.CHECKPOINT_INFO).write_text(json.dumps(info))
+    assert fsdp_out.prepare_out_dir(args, 32)["epoch"] == 2
+    args.lr = 5.0
+    with pytest.raises(UsageError, match="was trained with --lr 0.01 and this run asks for 5.0"):
+        fsdp_out.prepare_out_dir(args, 32)
+    args.epochs = 2
+    with pytest.raises(NothingToDo, match="is at epoch 2, and --epochs is 2: nothing to train"):
+        fsdp_out.prepare_out_dir(args, 32)
+
+
+def test_a_damaged_shard_names_the_first_rank_s_exception():
+    error = CheckpointException("load failed", {
+        1: (OSError("other"), None), 0: (ValueError("short read in __0_0.distcp\nmore"), None)})
+    assert fsdp_out.first_failure(error) == "rank 0: ValueError: short read in __0_0.distcp"
+
+
+# --- torchrun's variables, the error file, the options --------------------------------------
+@pytest.mark.parametrize("env, fragment", [
+    ({"LOCAL_RANK": "0"}, "RANK, WORLD_SIZE, LOCAL_WORLD_SIZE not set, although LOCAL_RANK is"),
+    ({"LOCAL_RANK": "0", "RANK": "2", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"},
+     "torchrun's variables contradict each other"),
+    ({"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "two", "LOCAL_WORLD_SIZE": "1"},
+     "torchrun's variables must be whole numbers"),
+])
+def test_torchrun_s_variables_are_checked_together(tmp_path, monkeypatch, env, fragment):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = run_in_process("train_ddp.py", *RUN, "--out", tmp_path / "run")
+    assert_one_line_error(result, fragment)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_local_world_size_of_zero_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "0")
+    result = run_in_process("train_single.py", *RUN, "--out", tmp_path / "run")
+    assert_one_line_error(result, "LOCAL_WORLD_SIZE must be a whole number, 1 or more, got '0'")
+
+
+def test_an_error_file_that_cannot_be_written_keeps_the_line_and_the_exit_status(tmp_path,
+                                                                                 monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "missing" / "error.json"))
+    result = run_in_process("train_single.py", *RUN, "--epochs", "0", "--out", tmp_path / "run")
+    assert_one_line_error(result, "--epochs must be at least 1, got 0")
+
+
+def test_workers_are_checked_as_they_are_read(tmp_path):
+    result = run_in_process("train_fast.py", *RUN, "--workers", "-1", "--out", tmp_path / "run")
+    assert_one_line_error(result, "--workers must be 0 or more, got -1")
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_is_one_line(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "ddp_scripts/train_single.py", "--dataset", "synthetic", "--train-samples",
+         "20000", "--test-samples", "64", "--epochs", "50", "--device", "cpu", "--out", str(tmp_path / "run")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "training on" in process.stdout.readline()
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert stderr.splitlines() == ["interrupted (Ctrl-C); the last checkpoint saved, if any, is "
+                                   "whole"], stderr
+
+
+@pytest.mark.timeout(300)
+def test_an_out_that_cannot_be_made_is_one_line_per_rank_under_ddp(tmp_path):
+    (tmp_path / "afile").write_text("")
+    lines = []
+    with pytest.raises(LaunchError) as caught:
+        run_script("train_ddp.py", nproc=2, out=tmp_path / "afile" / "run", timeout=240,
+                   progress=False, echo=lines.append, dataset="synthetic", device="cpu")
+    said = [line for line in lines if "error:" in line]
+    assert said and all("cannot be written: Not a directory" in line for line in said), lines
+    # torchrun's own report follows; no traceback comes from the script
+    assert not any('File "' in line and "ddp_scripts" in line for line in lines), "\n".join(lines)
+    assert caught.value.exit_code == 2 and "cannot be written" in str(caught.value)
+
+
+# --- The launcher and the benchmark -----------------------------------------------------------
+def test_the_launcher_names_the_killed_rank_not_the_survivor():
+    """torchrun's summary names rank 1 (SIGKILL, no error file); rank 0's error file says it
+    lost its peer. The killed rank is the one to read."""
+    summary = ChildFailedError("train_ddp.py", {
+        0: ProcessFailure(local_rank=0, pid=10, exitcode=1, error_file=""),
+        1: ProcessFailure(local_rank=1, pid=11, exitcode=-9, error_file="")}).format_msg()
+    survivor = {"rank": 0, "exit_code": 1, "time": 1.0,
+                "reason": "RuntimeError: Connection reset by peer", "message": {}}
+    error = failure(1, [survivor], summary.splitlines())
+    assert error.rank == 1 and error.exit_code == -9
+    assert str(error) == ("rank 1 ended without an error file (killed by signal 9 (SIGKILL)); "
+                          "then rank 0 failed: RuntimeError: Connection reset by peer")
+
+
+@pytest.mark.timeout(300)
+def test_the_launcher_names_a_rank_killed_under_torchrun(tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text("import os, signal, time\nif os.environ['RANK'] == '1':\n"
+                      "    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(60)\n")
+    with pytest.raises(LaunchError) as caught:
+        run_command(torchrun_command(str(script), 2), timeout=120, echo=lambda line: None)
+    assert caught.value.rank == 1 and caught.value.exit_code == -9, str(caught.value)
+    assert str(caught.value).startswith("rank 1 ended without an error file (killed by signal 9")
+
+
+def test_the_benchmark_checks_its_out_before_anything_runs(tmp_path):
+    (tmp_path / "afile").write_text("")
+    done = run_in_process("benchmark.py", "--configs", "cpu", "--repeats", "1", "--epochs", "1",
+                          "--out", tmp_path / "afile" / "results.json",
+                          "--runs-dir", tmp_path / "runs")
+    assert_one_line_error(done, "--out", "cannot be written: Not a directory")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_benchmark_keeps_each_repeat_as_it_goes(tmp_path, monkeypatch):
+    """Interrupted in its second repeat, the results file holds the first."""
+    def measure_once(run, overwrite, timeout_s, echo=print):
+        if run.get("repeats"):
+            raise KeyboardInterrupt
+        run["repeats"] = [{"wall_s": 1.5, "startup_s": 0.5, "steady_samples_per_s": [100.0],
+                           "test_accuracy": 0.1}]
+        run["status"] = "measured"
+    monkeypatch.setattr(benchmark, "measure", measure_once)
+    settings = benchmark.settings_for("smoke", 0, str(tmp_path / "data"), dataset="synthetic",
+                                      repeats=2)
+    out = tmp_path / "results.json"
+    with pytest.raises(KeyboardInterrupt):
+        benchmark.run_benchmark(["cpu"], settings, out, tmp_path / "runs", echo=lambda line: None)
+    results = benchmark.load_results(out)
+    assert results["finished"] is False
+    assert [run["repeats"][0]["wall_s"] for run in results["runs"]] == [1.5]
