@@ -243,3 +243,38 @@ def test_under_torchrun_every_rank_says_how_to_place_the_archive_after_one_attem
         assert f"put {data.ARCHIVE} (170,498,071 bytes, MD5 {data.ARCHIVE_MD5}) into " \
                f"{tmp_path / 'data'}/ by hand and run again" in line, line
     assert not any("download=True" in line or "Traceback" in line for line in lines), "\n".join(lines)
+
+
+def test_an_archive_put_in_place_by_hand_is_unpacked_and_read(tmp_path, monkeypatch, capsys):
+    """The archive's MD5 checked, its files renamed into place from a folder of this process's
+    own (nothing of it left behind), then read; no download is asked for."""
+    import hashlib
+    import io
+    import tarfile
+
+    import numpy as np
+    import torchvision
+    names = ("data_batch_1", "test_batch", "batches.meta")
+    archive = tmp_path / data.ARCHIVE
+    with tarfile.open(archive, "w:gz") as tar:
+        for name in names:
+            info = tarfile.TarInfo(f"{torchvision.datasets.CIFAR10.base_folder}/{name}")
+            info.size = len(name)
+            tar.addfile(info, io.BytesIO(name.encode()))
+    monkeypatch.setattr(data, "ARCHIVE_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
+    monkeypatch.setattr(data, "unpacked_files",
+                        lambda: [[name, hashlib.md5(name.encode()).hexdigest()] for name in names])
+
+    class Read:
+        base_folder = torchvision.datasets.CIFAR10.base_folder
+
+        def __init__(self, root, train, download):
+            self.data, self.targets = np.zeros((2, 32, 32, 3), np.uint8), [0, 1]
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", Read)
+    offline(monkeypatch)  # a download would fail
+    (train, _), _ = data.cifar10_tensors(tmp_path, download=True)
+    assert train.shape == (2, 3, 32, 32)
+    assert data.unpacked_state(tmp_path) == (True, "")
+    assert sorted(path.name for path in tmp_path.iterdir()) == \
+        sorted([".download.lock", data.ARCHIVE, Read.base_folder])
+    assert capsys.readouterr().out == ""
