@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import torch
-from matplotlib.patches import FancyBboxPatch, Rectangle
+from matplotlib.patches import Circle, FancyBboxPatch, Rectangle
 
 from notebooks.figures import animate, colour, new_figure, tensor_grid, timeline
 
@@ -123,63 +123,105 @@ def draw_gradients(axes, ranks):
 
 
 def ring_steps(before):
-    """A ring all-reduce of the ranks' gradients, simulated step by step on their values.
+    """A ring all-reduce of the ranks' gradients, simulated step by step on their values, in
+    the order gloo's ring runs it (gloo/allreduce.cc, `ring`): rank r sends to rank r - 1.
 
     before: one flat tensor per rank (what DDP's hook found in the bucket). As DDP's default
     hook does, each rank first divides by the world size; then the sum travels the ring:
-    world - 1 reduce-scatter steps (rank r sends one chunk to rank r + 1, which adds it to its
-    own), then world - 1 all-gather steps (the finished chunks go round, copied). Returns
-    the frames: {"title", "values" (ranks x values), "received" (rank, chunk) pairs}.
+    world - 1 reduce-scatter steps (in step s rank r sends chunk r + 1 + s, and the receiver
+    adds it to its own), after which rank r holds the finished chunk r; then world - 1
+    all-gather steps (in step s rank r sends the finished chunk r + s, copied). Returns the
+    frames: {"title", "values" (ranks x values), "chunks" (their lengths), "sends" (sender,
+    receiver, chunk), "received" (rank, chunk), "finished" (rank, chunk): chunks that hold
+    the whole sum}.
     """
     world = len(before)
     chunks = [list(torch.tensor_split(torch.as_tensor(v, dtype=torch.float64) / world, world))
               for v in before]
-    frames = [{"title": f"start: each rank's gradient / {world}", "received": []}]
+    finished = []
 
-    def snapshot(frame):
-        frame["values"] = torch.stack([torch.cat(mine) for mine in chunks])
-        frame["chunks"] = [[len(c) for c in mine] for mine in chunks][0]
-        return frame
+    def snapshot(title, sends=()):
+        return {"title": title, "values": torch.stack([torch.cat(mine) for mine in chunks]),
+                "chunks": [len(c) for c in chunks[0]], "sends": list(sends),
+                "received": [(to, chunk) for _, to, chunk in sends],
+                "finished": list(finished)}
 
-    snapshot(frames[0])
-    for step in range(world - 1):
-        sent = [(rank, (rank - step) % world) for rank in range(world)]
+    def step(first_chunk, add):
+        sends = [(rank, (rank - 1) % world, (rank + first_chunk) % world)
+                 for rank in range(world)]
         old = [[c.clone() for c in mine] for mine in chunks]
-        for rank, chunk in sent:
-            chunks[(rank + 1) % world][chunk] = old[(rank + 1) % world][chunk] + old[rank][chunk]
-        frames.append(snapshot({"title": f"reduce-scatter {step + 1} of {world - 1}: "
-                                         "each rank adds the chunk it receives",
-                                "received": [((r + 1) % world, c) for r, c in sent]}))
-    for step in range(world - 1):
-        sent = [(rank, (rank + 1 - step) % world) for rank in range(world)]
-        old = [[c.clone() for c in mine] for mine in chunks]
-        for rank, chunk in sent:
-            chunks[(rank + 1) % world][chunk] = old[rank][chunk]
-        frames.append(snapshot({"title": f"all-gather {step + 1} of {world - 1}: "
-                                         "each rank copies the finished chunk it receives",
-                                "received": [((r + 1) % world, c) for r, c in sent]}))
+        for sender, to, chunk in sends:
+            chunks[to][chunk] = old[sender][chunk] + (old[to][chunk] if add else 0)
+        return sends
+
+    frames = [snapshot(f"start: each rank's gradient / {world}")]
+    for s in range(world - 1):
+        sends = step(1 + s, add=True)
+        if s == world - 2:
+            finished.extend((rank, rank) for rank in range(world))
+        frames.append(snapshot(f"reduce-scatter {s + 1} of {world - 1}: each rank adds the "
+                               "chunk it receives", sends))
+    for s in range(world - 1):
+        sends = step(s, add=False)
+        finished.extend((to, chunk) for _, to, chunk in sends)
+        frames.append(snapshot(f"all-gather {s + 1} of {world - 1}: each rank copies the "
+                               "finished chunk it receives", sends))
     return frames
 
 
+def draw_ring(ax, world, sends):
+    """The ranks around a circle (rank 0 on top, clockwise) and an arrow for each send of the
+    step. Returns the sends drawn: (sender, receiver, chunk)."""
+    import math
+    place = [(math.sin(2 * math.pi * r / world), math.cos(2 * math.pi * r / world))
+             for r in range(world)]
+    ax.add_patch(Circle((0, 0), 1, fill=False, color="#cccccc", lw=1))
+    for sender, to, _ in sends:
+        (x0, y0), (x1, y1) = place[sender], place[to]
+        ax.annotate("", (x1, y1), (x0, y0), arrowprops=dict(
+            arrowstyle="-|>", color=colour("communication"), lw=2, shrinkA=14, shrinkB=14,
+            connectionstyle="arc3,rad=-0.25"))
+    for rank, (x, y) in enumerate(place):
+        ax.text(x, y, f"rank {rank}", ha="center", va="center", fontsize=9,
+                bbox=dict(boxstyle="circle,pad=0.2", fc="white", ec="#333333"))
+    ax.set_xlim(-1.5, 1.5)
+    ax.set_ylim(-1.5, 1.5)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    return list(sends)
+
+
 def ring_animation(ranks, interval_ms=1400):
-    """The ring all-reduce of the ranks' real gradients, one frame per step, as offline HTML.
-    Returns (html, frames)."""
+    """The ring all-reduce of the ranks' real gradients, one frame per step, as offline HTML:
+    the ring with the step's sends on the left, the ranks' values on the right, chunks just
+    received outlined in orange, finished ones (the whole sum) in green. Returns (html, frames)."""
     frames = ring_steps([record["gradients"]["before"] for record in ranks])
     labels = value_labels(ranks[0])
-    fig, ax = new_figure(height=2.9)
+    fig, (ring_ax, ax) = new_figure(1, 2, height=3.2, width_ratios=[1, 3])
     names = [f"rank {rank}" for rank in range(len(ranks))]
 
     def draw_frame(i):
+        ring_ax.clear()
         ax.clear()
         frame = frames[i]
         bounds = torch.tensor([0] + frame["chunks"]).cumsum(0).tolist()
         highlight = torch.zeros(frame["values"].shape, dtype=torch.bool)
         for rank, chunk in frame["received"]:
             highlight[rank, bounds[chunk]:bounds[chunk + 1]] = True
-        tensor_grid(ax, frame["values"], names, labels, highlight=highlight,
-                    title=f"{i}/{len(frames) - 1}  {frame['title']}")
+        tensor_grid(ax, frame["values"], names, labels, highlight=highlight)
+        fig.suptitle(f"{i}/{len(frames) - 1}  {frame['title']}")
+        for rank, chunk in frame["finished"]:
+            ax.add_patch(Rectangle((bounds[chunk] - 0.4, rank - 0.4),
+                                       bounds[chunk + 1] - bounds[chunk] - 0.2, 0.8,
+                                       fill=False, lw=2, edgecolor=colour("data")))
         for bound in bounds[1:-1]:
             ax.axvline(bound - 0.5, color="#333333", lw=2)
+        draw_ring(ring_ax, len(names), frame["sends"])
+        ring_ax.set_title("sends: rank r to r − 1", fontsize=10)
+        ring_ax.text(0, -1.45, "orange: just received", ha="center", va="top", fontsize=9,
+                     color=colour("communication"))
+        ring_ax.text(0, -1.8, "green: the whole sum", ha="center", va="top", fontsize=9,
+                     color=colour("data"))
 
     return animate(fig, draw_frame, len(frames), interval_ms=interval_ms), frames
 

@@ -61,19 +61,36 @@ def test_the_simulated_ring_ends_where_the_ranks_all_reduce_did(ranks):
     result = torch.tensor(ranks[0]["gradients"]["after"], dtype=torch.float64)
     for row in frames[-1]["values"]:
         torch.testing.assert_close(row, result, rtol=1e-6, atol=1e-6)
-    # halfway, after reduce-scatter, rank r holds the finished chunk r + 1 and only that one
+    # halfway, after reduce-scatter, rank r holds the finished chunk r, as in gloo's ring
     middle = frames[WORLD - 1]["values"]
     bounds = torch.tensor([0] + frames[WORLD - 1]["chunks"]).cumsum(0).tolist()
     for rank in range(WORLD):
-        done = (rank + 1) % WORLD
-        span = slice(bounds[done], bounds[done + 1])
+        span = slice(bounds[rank], bounds[rank + 1])
         torch.testing.assert_close(middle[rank, span], result[span], rtol=1e-6, atol=1e-6)
-    assert all(len(frame["received"]) == WORLD for frame in frames[1:])
+    for frame in frames[1:]:
+        # every rank sends one chunk to rank - 1, and receives one from rank + 1
+        assert sorted((sender, to) for sender, to, _ in frame["sends"]) == [
+            (rank, (rank - 1) % WORLD) for rank in range(WORLD)]
+        # a chunk marked finished holds the whole sum; one not marked does not yet
+        for rank in range(WORLD):
+            for chunk in range(WORLD):
+                span = slice(bounds[chunk], bounds[chunk + 1])
+                whole = torch.allclose(frame["values"][rank, span], result[span], atol=1e-6)
+                assert whole == ((rank, chunk) in frame["finished"]), (frame["title"], rank)
+    assert len(frames[-1]["finished"]) == WORLD * WORLD
 
 
 def test_the_animation_is_offline_html_of_every_step(ranks):
     html, frames = ddp_figures.ring_animation(ranks)
     assert html.data.count("data:image/png;base64") == len(frames) <= 12
+    fig, ax = matplotlib.pyplot.subplots()
+    sends = frames[1]["sends"]
+    assert ddp_figures.draw_ring(ax, WORLD, sends) == sends
+    arrows = [t for t in ax.texts if isinstance(t, matplotlib.text.Annotation)]
+    assert [t.get_text() for t in ax.texts if t not in arrows] == [
+        f"rank {rank}" for rank in range(WORLD)]
+    assert len(arrows) == len(sends) == WORLD
+    matplotlib.pyplot.close(fig)
     assert "cdnjs" not in html.data and len(html.data) < 1_500_000
 
 
