@@ -329,6 +329,9 @@ STICKING_OUT = """(width) => Array.from(document.querySelectorAll(
     })
     .map(e => `${e.tagName.toLowerCase()}.${e.className} (${Math.round(e.getBoundingClientRect().right)} px): `
               + e.textContent.trim().slice(0, 50))"""
+# Text cut at the edge of its own box: a title, or the next and previous chapters' names.
+CUT_TEXT = """() => Array.from(document.querySelectorAll('article.bd-article h1, .prev-next-area a'))
+    .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.trim().slice(0, 50))"""
 FIGURES_WITHOUT_LINK = """() => Array.from(document.querySelectorAll('article.bd-article img'))
     .filter(img => !img.closest('div.animation, .widget-area, .jupyter-widgets'))
     .filter(img => !(img.closest('a.figure-full-size') || img.closest('a[href]')))
@@ -348,6 +351,7 @@ def test_every_chapter_reads_on_a_phone(page, server, screenshots, stem, edition
     sticking_out = page.evaluate(STICKING_OUT, PHONE)
     assert width <= PHONE and not sticking_out, (
         f"{width} px wide at {PHONE} px: {sticking_out[:5]}")
+    assert page.evaluate(CUT_TEXT) == [], "text cut off at the edge of its box"
     assert page.evaluate(FIGURES_WITHOUT_LINK) == [], "figures with no way to open them larger"
     links = page.locator("article.bd-article a.figure-full-size")
     if links.count():   # the link leads to the figure itself
