@@ -8,10 +8,11 @@ import json
 import textwrap
 
 from ddp_scripts import benchmark
-from ddp_scripts.step_parts import PARTS, REMAINDER, part_that_grew
-from notebooks.figures import stacked_bars
+from ddp_scripts.step_parts import PARTS, REMAINDER, part_that_grew, ratio_from_parts
+from notebooks.figures import colour, stacked_bars
 
-# Why a part grows from one process to N, said once, for the cell and the figure's reader.
+# Why a part grows from one process to N with the same threads each, said once, for the
+# cell and the figure's reader.
 WHY = {
     "data wait": "the loader prepares each batch in the training process, and the step waits for it",
     "copy to device": "more bytes, or slower copies, between the host and the device",
@@ -19,45 +20,157 @@ WHY = {
                "programs share the cores",
     "backward compute": "each process gets less of a core: the processes, their threads and "
                         "other programs share the cores",
-    "communication not hidden": "the all-reduce takes longer than the backward it overlaps: "
-                                "too little compute per step to hide it, or processes that "
-                                "wait for a core before they can send",
+    "communication not hidden": "backward waits for the all-reduce: for the other ranks to "
+                                "reach it, then for the gradients to travel",
     "optimizer": "each process gets less of a core for the optimizer's step",
     REMAINDER: "the loop itself, between the timed phases, took longer",
 }
+US = 1e6  # seconds to microseconds
+# A run's wall time less its start-up (from the script's first line) and its epochs: under
+# torchrun that includes the launcher starting the workers and ending them.
+REST = "the rest (evaluation, exit;\nfor ddp also torchrun starting\nand ending its workers)"
 
 
-def step_table(runs, case):
-    """One row per run (label -> a step_parts file's dict): each part and the step, in ms."""
+def label(run, case):
+    """A step_parts file's configuration for `case`, e.g. "2 processes x 1 thread"."""
+    n, threads = run["processes"], run["cases"][case]["settings"]["threads_per_process"]
+    return (f"{n} process{'es' if n > 1 else ''} x {threads} "
+            f"thread{'s' if threads > 1 else ''}")
+
+
+def per_sample(found):
+    """One case of a run: each part and the measured step in microseconds per sample of the
+    global batch (the same work whatever the number of processes)."""
+    batch = found["settings"]["batch_size"]
+    return {**{part: found["parts"][part] * US / batch for part in [*PARTS, REMAINDER]},
+            "measured step": found["step"] * US / batch}
+
+
+def configurations(runs, case):
+    """{configuration label: the case as that run recorded it}, for the runs that ran it."""
+    return {label(run, case): run["cases"][case] for run in runs.values() if case in run["cases"]}
+
+
+def step_table(runs, cases):
+    """One row per case and configuration: the parts and the step in us per sample, the
+    speed, and how much of a core forward got (CPU time over wall time)."""
     import pandas as pd
     rows = {}
-    for label, run in runs.items():
-        found = run["cases"][case]
-        rows[label] = {**{part: found["parts"][part] * 1e3 for part in [*PARTS, REMAINDER]},
-                       "measured step": found["step"] * 1e3}
-    return pd.DataFrame(rows).T
+    for case in cases:
+        for name, found in configurations(runs, case).items():
+            rows[(case, name)] = {**per_sample(found),
+                                  "samples/s": found["settings"]["batch_size"] / found["step"],
+                                  "forward CPU/wall": found["cpu share"]["forward"]}
+    return pd.DataFrame(rows).T.rename_axis(["case", "configuration"])
+
+
+def compared(runs, case):
+    """(one, many): the N-process run of `case` and the one-process run with as many
+    threads per process, so that what grew is what the processes added."""
+    many = [run for run in runs.values() if run["processes"] > 1 and case in run["cases"]][0]
+    threads = many["cases"][case]["settings"]["threads_per_process"]
+    one = [run for run in runs.values() if run["processes"] == 1 and case in run["cases"]
+           and run["cases"][case]["settings"]["threads_per_process"] == threads][0]
+    return one, many
 
 
 def grew(runs, case):
-    """(part, ms it grew by, one's step ms, many's step ms), first run to last, for `case`."""
-    one, many = (run["cases"][case] for run in runs.values())
-    part, by = part_that_grew(one, many)
-    return part, by * 1e3, one["step"] * 1e3, many["step"] * 1e3
+    """(part, us per sample it grew by, one's label, many's label) for `case`, from one
+    process to N with the same threads each."""
+    one, many = compared(runs, case)
+    part, by = part_that_grew(one["cases"][case], many["cases"][case])
+    return part, by * US / many["cases"][case]["settings"]["batch_size"], label(one, case), \
+        label(many, case)
+
+
+def verdict(runs, case):
+    """The lines the cell prints for `case`: N processes against every one-process run, and
+    the part that grew most from one process to N with the same threads each."""
+    _, many = compared(runs, case)
+    speed = {name: found["settings"]["batch_size"] / found["step"]
+             for name, found in configurations(runs, case).items()}
+    lines = [f"{case}: " + ", ".join(f"{name} {value:,.0f}" for name, value in speed.items())
+             + " samples/s."]
+    for run in runs.values():
+        if run["processes"] == 1 and case in run["cases"]:
+            ratio = speed[label(many, case)] / speed[label(run, case)]
+            how = f"{1 / ratio:.2f}x slower" if ratio < 1 else f"{ratio:.2f}x faster"
+            lines.append(f"  {label(many, case)}: {how} than {label(run, case)}.")
+    part, by, one_name, many_name = grew(runs, case)
+    if round(by, 2) > 0:  # as printed: a growth under 0.01 us is none
+        lines.append(f"  From {one_name} to {many_name}, the part that grew most: {part} "
+                     f"(+{by:.2f} us per sample): {WHY[part]}.")
+    else:
+        lines.append(f"  From {one_name} to {many_name}, no part grew by 0.01 us per sample.")
+    return lines
+
+
+def communication_lines(runs, case):
+    """Per rank of the N-process run: the all-reduce's time per step, its hidden and exposed
+    shares, and the time it spent before the last rank had launched it."""
+    _, many = compared(runs, case)
+    lines = []
+    for rank, found in enumerate(many["cases"][case]["ranks"]):
+        comm = found["communication"]
+        total = comm["total"] * 1e3
+        shares = (f"hidden {comm['hidden'] / comm['total']:.0%}, exposed "
+                  f"{comm['exposed'] / comm['total']:.0%}" if comm["total"] else "none")
+        lines.append(f"  rank {rank}: all-reduce {total:.2f} ms per step in "
+                     f"{comm['buckets']:.0f} bucket(s): {shares}; "
+                     f"{comm['waiting for other ranks'] * 1e3:.2f} ms of it before the "
+                     "last rank had launched it")
+    return lines
+
+
+def ratio_from_parts_lines(results, runs, case="batch 64"):
+    """The benchmark's DDP/CPU ratio (its results file) beside the one the step's parts give
+    (ratio_from_parts), with a sentence written from the two numbers."""
+    one_thread, many = compared(runs, case)
+    one_all = max((run for run in runs.values() if run["processes"] == 1 and case in run["cases"]),
+                  key=lambda run: run["cases"][case]["settings"]["threads_per_process"])
+    table = benchmark.results_table(results)
+    ddp = table.loc["ddp"] if "ddp" in table.index else None
+    parts = ratio_from_parts(many, one_thread, one_all, case)
+    lines = [f"Step parts, {case}, speeds over {label(one_thread, case)}: "
+             f"{label(many, case)} {parts['processes gain']:.2f}x, {label(one_all, case)} "
+             f"{parts['threads gain']:.2f}x; {parts['processes gain']:.2f} / "
+             f"{parts['threads gain']:.2f} = {parts['ratio']:.2f}x."]
+    if ddp is None or ddp["status"] != "measured" or ddp["gpus"] > 0:
+        why = "skipped" if ddp is None or ddp["status"] != "measured" else "run on GPUs"
+        lines.insert(0, f"Benchmark: its ddp row was {why}: no CPU ratio to take apart.")
+        return lines
+    bench = float(ddp["x CPU"])
+    lines.insert(0, f"Benchmark (steady epochs, global batch {results['settings']['batch_size']}):"
+                    f" ddp, {ddp['processes']:.0f} processes x {ddp['threads/process']:.0f} "
+                    f"thread(s), {bench:.2f}x the speed of the cpu run" +
+                    (" (unreliable: see its table)." if ddp["ratios"] == "unreliable" else "."))
+    if (bench < 1) == (parts["ratio"] < 1):
+        side = "slower" if bench < 1 else "faster"
+        lines.append(f"Both say the processes are {side} than one process with every core"
+                     + (": one process gains more from its extra threads than from a second "
+                        "process." if bench < 1 else "."))
+    else:
+        lines.append("The two disagree on the direction: the machine's load changed between "
+                     "the runs, or the epochs' other work (loading, evaluation) weighs in.")
+    return lines
 
 
 def draw_step_parts(axes, runs, cases):
-    """One panel per case, one bar per run: the parts in ms, the measured step as a tick."""
+    """One panel per case, one bar per configuration: the parts in us per sample, the
+    measured step as a tick."""
     drawn, legend = {}, {}
     for ax, case in zip(axes, cases):
-        bars = {label: {part: run["cases"][case]["parts"][part] * 1e3
-                        for part in [*PARTS, REMAINDER]} for label, run in runs.items()}
-        totals = {label: run["cases"][case]["step"] * 1e3 for label, run in runs.items()}
-        drawn[case] = stacked_bars(ax, bars, unit="ms per step", total=totals)
+        bars, totals = {}, {}
+        for name, found in configurations(runs, case).items():
+            values = per_sample(found)
+            totals[name] = values.pop("measured step")
+            bars[name] = values
+        drawn[case] = stacked_bars(ax, bars, unit="us per sample", total=totals)
         ax.set_title(case, loc="left")
         ax.get_legend().remove()
         ax.set_xlabel("")
         legend.update(zip(*reversed(ax.get_legend_handles_labels())))
-    axes[-1].set_xlabel("ms per step")
+    axes[-1].set_xlabel("microseconds per sample (the same global batch in every run)")
     axes[0].figure.legend(list(legend.values()), list(legend), loc="outside lower center",
                           ncol=2, frameon=False)
     return drawn
@@ -78,18 +191,28 @@ def measured_speedups(results):
             if value == value}  # NaN: no CPU baseline in this file
 
 
+def config_colour(config):
+    """One colour per configuration, the same in every panel (benchmark.ROW_ORDER's order)."""
+    order = list(benchmark.ROW_ORDER)
+    return colour(config, order.index(config) if config in order else len(order))
+
+
 def draw_speedups(axes, sources):
-    """One panel per source ({title: {config: x CPU}}), one bar per configuration."""
+    """One panel per source ({title: {config: x CPU}}), one bar per configuration, each
+    configuration in its own colour in every panel."""
     drawn = {}
     for ax, (title, speedups) in zip(axes, sources.items()):
         if not speedups:  # every speed unreliable or skipped: say so where the bars would be
             ax.text(0.5, 0.5, "no reliable speed-up to draw", transform=ax.transAxes,
                     ha="center", va="center", color="gray")
             ax.set_yticks([])
-        bars = {config: {config: value} for config, value in speedups.items()}
-        drawn[title] = stacked_bars(ax, bars, unit="speed-up over the CPU (x)") if bars else {}
-        if ax.get_legend():
-            ax.get_legend().remove()
+        drawn[title] = {}
+        for y, (config, value) in enumerate(speedups.items()):
+            ax.barh(y, value, 0.6, color=config_colour(config))
+            drawn[title][config] = [(config, 0.0, value)]
+        if speedups:
+            ax.set_yticks(range(len(speedups)), list(speedups))
+            ax.invert_yaxis()
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_title(title, loc="left")
         if ax is not axes[-1]:
@@ -114,7 +237,7 @@ def draw_run(left, right, results):
             continue
         epochs = sum(run["epoch_time_s"])
         bars[run["config"]] = {"start-up": run["startup_s"], "training epochs": epochs,
-                               "the rest (evaluation, exit)":
+                               REST:
                                    max(0.0, run["wall_s"] - run["startup_s"] - epochs)}
         walls[run["config"]] = run["wall_s"]
     drawn_wall = stacked_bars(left, bars, unit="wall time (s)", total=walls)

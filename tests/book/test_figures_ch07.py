@@ -1,6 +1,6 @@
-"""Chapter 7's figures draw what the runs wrote: a step's parts and its measured total
-(step_parts.py's file), and the speed-ups of the article, the recorded H200 and a CPU run,
-with no bar for a speed its file marks unreliable."""
+"""Chapter 7's figures draw what the runs wrote: a step's parts per sample and its measured
+total (step_parts.py's files), the sentences written from them, and the speed-ups of the
+article, the recorded H200 and a CPU run, with no bar for a speed its file marks unreliable."""
 import json
 from pathlib import Path
 
@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import pytest
 
 from ddp_scripts import benchmark
-from ddp_scripts.step_parts import PARTS, REMAINDER
+from ddp_scripts.step_parts import PARTS, REMAINDER, part_that_grew, ratio_from_parts
 from helpers import run_in_process
 from notebooks import ch07_figures
 from notebooks.figures import new_figure
@@ -21,43 +21,108 @@ ARTICLE = ROOT / "results/article/titan-xp.json"
 H200 = ROOT / "results/gpu-runs/2026-11-30-h200/h200-full.json"
 
 
+QUICK = ["--steps", "3", "--warmup", "1", "--cases", "batch 8,all cores each"]
+
+
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
-    out = tmp_path_factory.mktemp("parts") / "one.json"
-    result = run_in_process("step_parts.py", "--steps", "3", "--warmup", "1",
-                            "--cases", "batch 8,slow loader", "--out", out)
-    assert result.returncode == 0, result.stderr
-    return json.loads(out.read_text())
+def runs(tmp_path_factory):
+    """Real step_parts files: one process with all the cores, one with one thread (batch 8
+    only, as in the chapter), and two processes with one thread each, shortened."""
+    from ddp_scripts.launcher import run_command, torchrun_command
+    folder = tmp_path_factory.mktemp("parts")
+    for name, options in (("all-cores", [*QUICK, "--threads", "all"]),
+                          ("ddp-threads", [*QUICK[:-1], "batch 8", "--threads", "1"])):
+        result = run_in_process("step_parts.py", *options, "--out", folder / f"{name}.json")
+        assert result.returncode == 0, result.stderr
+    run_command(torchrun_command("step_parts.py", 2, [*QUICK, "--threads", "1", "--out",
+                                                      str(folder / "two-processes.json")]),
+                timeout=300, progress=False, echo=lambda line: None)
+    return {name: json.loads((folder / f"{name}.json").read_text())
+            for name in ("all-cores", "ddp-threads", "two-processes")}
 
 
-def test_the_step_figure_draws_each_part_and_the_measured_step(one_process):
-    runs = {"1 process": one_process}
-    cases = list(one_process["cases"])
+def test_the_step_figure_draws_each_part_per_sample_and_the_measured_step(runs):
+    cases = ["batch 8", "all cores each"]
     fig, axes = new_figure(len(cases), 1)
     drawn = ch07_figures.draw_step_parts(list(axes), runs, cases)
     for ax, case in zip(axes, cases):
-        data = one_process["cases"][case]
-        expected, start = [], 0.0
-        for part in [*PARTS, REMAINDER]:
-            value = data["parts"][part] * 1e3
-            if value:
-                expected.append((part, pytest.approx(start), pytest.approx(value)))
-            start += value
-        assert drawn[case]["1 process"] == expected
-        tick = ax.collections[0].get_offsets()[0][0]   # the measured step, as a tick
-        assert tick == pytest.approx(data["step"] * 1e3)
-        assert start == pytest.approx(tick)            # the parts and the remainder reach it
+        ran = {name: run for name, run in runs.items() if case in run["cases"]}
+        assert list(drawn[case]) == [ch07_figures.label(run, case) for run in ran.values()]
+        ticks = [point[0] for collection in ax.collections for point in collection.get_offsets()]
+        for bar, (name, run) in enumerate(ran.items()):
+            data = run["cases"][case]
+            batch = data["settings"]["batch_size"]
+            expected, start = [], 0.0
+            for part in [*PARTS, REMAINDER]:
+                value = data["parts"][part] * 1e6 / batch
+                if value:
+                    expected.append((part, pytest.approx(start), pytest.approx(value)))
+                start += value
+            assert drawn[case][ch07_figures.label(run, case)] == expected, name
+            assert ticks[bar] == pytest.approx(data["step"] * 1e6 / batch)  # the measured step
+            assert start == pytest.approx(ticks[bar])  # the parts and the remainder reach it
     matplotlib.pyplot.close(fig)
 
 
-def test_the_table_and_the_part_that_grew_read_the_same_numbers(one_process):
-    runs = {"1 process": one_process, "again": one_process}
-    table = ch07_figures.step_table(runs, "batch 8")
-    data = one_process["cases"]["batch 8"]
-    assert table.loc["1 process", "measured step"] == pytest.approx(data["step"] * 1e3)
-    assert table.loc["1 process", [*PARTS, REMAINDER]].sum() == pytest.approx(data["step"] * 1e3)
-    part, by, one, many = ch07_figures.grew(runs, "batch 8")
-    assert by == 0 and one == many == pytest.approx(data["step"] * 1e3)
+def test_the_table_has_no_empty_cell_and_reads_the_same_numbers(runs):
+    table = ch07_figures.step_table(runs, ["batch 8", "all cores each"])
+    assert not table.isna().any().any()
+    two = runs["two-processes"]["cases"]["batch 8"]
+    row = table.loc[("batch 8", "2 processes x 1 thread")]
+    assert row["measured step"] == pytest.approx(two["step"] * 1e6 / 8)
+    assert row[[*PARTS, REMAINDER]].sum() == pytest.approx(row["measured step"])
+    assert row["samples/s"] == pytest.approx(8 / two["step"])
+    assert row["forward CPU/wall"] == two["cpu share"]["forward"]
+
+
+def test_the_verdicts_are_written_from_the_numbers(runs):
+    case = "batch 8"
+    one, many = ch07_figures.compared(runs, case)
+    assert one is runs["ddp-threads"] and many is runs["two-processes"]  # the same threads
+    speed = {name: 8 / run["cases"][case]["step"] for name, run in runs.items()}
+    lines = ch07_figures.verdict(runs, case)
+    ratio = speed["two-processes"] / speed["ddp-threads"]
+    said = f"{1 / ratio:.2f}x slower" if ratio < 1 else f"{ratio:.2f}x faster"
+    assert f"  2 processes x 1 thread: {said} than 1 process x 1 thread." in lines
+    part, by, _, _ = ch07_figures.grew(runs, case)
+    assert part_that_grew(one["cases"][case], many["cases"][case])[0] == part
+    assert any(f"part that grew most: {part} (+{by:.2f} us" in line for line in lines) or \
+        round(by, 2) <= 0
+    comm = ch07_figures.communication_lines(runs, case)
+    assert len(comm) == 2 and all("bucket(s)" in line for line in comm)
+
+
+def test_the_ratio_from_the_parts_stands_beside_the_benchmarks(runs):
+    results = benchmark.load_results(ROOT / "results/cpu-2core-2026-11-30.json")
+    bench = float(benchmark.results_table(results).loc["ddp", "x CPU"])
+    for run in runs.values():  # the case the ratio reads
+        run["cases"]["batch 64"] = run["cases"]["batch 8"]
+    parts = ratio_from_parts(runs["two-processes"], runs["ddp-threads"], runs["all-cores"])
+    lines = ch07_figures.ratio_from_parts_lines(results, runs)
+    assert f"{bench:.2f}x the speed of the cpu run" in lines[0]
+    assert "unreliable" not in lines[0]  # the file's ratios are ok
+    assert lines[1].endswith(f"= {parts['ratio']:.2f}x.")
+    agree = (bench < 1) == (parts["ratio"] < 1)
+    assert lines[2].startswith("Both say" if agree else "The two disagree")
+    for run in results["runs"]:  # the other direction: the sentence follows the numbers
+        if run["config"] == "ddp":
+            run["steady_epoch_s"] *= 1e-3 if bench < 1 else 1e3
+    flipped = ch07_figures.ratio_from_parts_lines(results, runs)
+    assert flipped[2].startswith("The two disagree" if agree else "Both say")
+    for run in runs.values():
+        del run["cases"]["batch 64"]
+
+
+def test_each_configuration_keeps_its_colour_in_every_panel():
+    sources = {"all four": {"cpu": 1.0, "gpu": 3.0, "dp": 4.0, "ddp": 5.0},
+               "two": {"cpu": 1.0, "ddp": 0.8}}
+    fig, axes = new_figure(2, 1)
+    ch07_figures.draw_speedups(list(axes), sources)
+    colours = [{label.get_text(): matplotlib.colors.to_hex(bar.get_facecolor())
+                for label, bar in zip(ax.get_yticklabels(), ax.patches)} for ax in axes]
+    assert colours[0]["ddp"] == colours[1]["ddp"] != colours[0]["gpu"]
+    assert colours[0]["cpu"] == colours[1]["cpu"]
+    matplotlib.pyplot.close(fig)
 
 
 def test_the_speedup_figure_draws_the_files_and_leaves_unreliable_speeds_out():
@@ -108,7 +173,7 @@ def test_the_run_figure_draws_each_runs_wall_time_and_no_unreliable_speedup():
     epochs = sum(cpu["epoch_time_s"])
     assert wall["cpu"] == [("start-up", 0.0, cpu["startup_s"]),
                            ("training epochs", cpu["startup_s"], epochs),
-                           ("the rest (evaluation, exit)", cpu["startup_s"] + epochs,
+                           (ch07_figures.REST, cpu["startup_s"] + epochs,
                             pytest.approx(cpu["wall_s"] - cpu["startup_s"] - epochs))]
     assert wall["gpu"] == []                               # skipped: no bar
     ticks = [point[0] for point in left.collections[0].get_offsets()] + \

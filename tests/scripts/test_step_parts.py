@@ -1,56 +1,91 @@
 """ddp_scripts/step_parts.py: the parts of a step add up to the measured step, the remainder is
-what the timed phases leave of it, the part that grew is the one the numbers say, and bad
-options are one line and exit status 2."""
+what the timed phases leave of it, the all-reduce is timed inside backward and split into its
+hidden and exposed shares, the benchmark's ratio is put together from the parts, the part that
+grew is the one the numbers say, and bad options are one line and exit status 2."""
 import json
 
 import pytest
 
 from ddp_scripts.launcher import run_command, torchrun_command
-from ddp_scripts.step_parts import PARTS, PHASES, REMAINDER, breakdown, part_that_grew
+from ddp_scripts.step_parts import (PARTS, PHASES, REMAINDER, breakdown, communication,
+                                    part_that_grew, ratio_from_parts)
 from helpers import assert_one_line_error, run_in_process
 
-QUICK = ["--steps", "4", "--warmup", "1", "--probe-steps", "2", "--cases", "batch 8,slow loader"]
+QUICK = ["--steps", "4", "--warmup", "1", "--cases", "batch 8,all cores each"]
 
 
-def check_adds_up(case, ddp):
-    steps, probes = case["steps"], case["probes"]
-    parts = case["parts"]
+def check_adds_up(case):
+    steps, parts = case["steps"], case["parts"]
     assert list(parts) == [*PARTS, REMAINDER]
     assert sum(parts.values()) == pytest.approx(case["step"], rel=1e-12, abs=1e-12)
     for row in steps:  # each step runs from its start to the next: the phases fit inside it
         assert row["step"] >= sum(row[phase] for phase in PHASES)
+        assert set(row["cpu"]) == set(PHASES) and all(t >= 0 for t in row["cpu"].values())
     # The remainder is exactly the mean of what the phases leave of each step.
     left = sum(row["step"] - sum(row[phase] for phase in PHASES) for row in steps) / len(steps)
     assert parts[REMAINDER] == pytest.approx(left, rel=1e-9, abs=1e-12)
     backward = sum(row["backward"] for row in steps) / len(steps)
     assert parts["backward compute"] + parts["communication not hidden"] == pytest.approx(backward)
-    assert parts["communication not hidden"] >= 0
-    assert bool(probes) == ddp  # only DDP splits backward, with its no_sync steps
 
 
 def test_one_process_parts_add_up_to_the_step(tmp_path):
-    result = run_in_process("step_parts.py", *QUICK, "--out", tmp_path / "one.json")
+    result = run_in_process("step_parts.py", *QUICK, "--threads", "1", "--out",
+                            tmp_path / "one.json")
     assert result.returncode == 0, result.stderr
     run = json.loads((tmp_path / "one.json").read_text())
-    assert run["processes"] == 1 and list(run["cases"]) == ["batch 8", "slow loader"]
+    assert run["processes"] == 1 and list(run["cases"]) == ["batch 8", "all cores each"]
     for case in run["cases"].values():
-        check_adds_up(case, ddp=False)
+        check_adds_up(case)
         assert case["parts"]["communication not hidden"] == 0
-    slow = run["cases"]["slow loader"]
-    assert slow["settings"]["decode_us"] == 150 and slow["settings"]["threads_per_process"] == 1
+        assert case["communication"]["total"] == 0 and "all-reduces" not in case["steps"][0]
+    assert run["cases"]["batch 8"]["settings"]["threads_per_process"] == 1
+    assert run["cases"]["all cores each"]["settings"]["threads_per_process"] == run["usable_cores"]
 
 
-def test_two_processes_parts_add_up_and_every_rank_reports(tmp_path):
+def test_two_processes_time_the_all_reduce_inside_backward(tmp_path):
     out = tmp_path / "two.json"
     run_command(torchrun_command("step_parts.py", 2, [*QUICK, "--out", str(out)]),
                 timeout=300, progress=False, echo=lambda line: None)
     run = json.loads(out.read_text())
     assert run["processes"] == 2
     for case in run["cases"].values():
-        check_adds_up(case, ddp=True)
+        check_adds_up(case)
         assert case["settings"]["batch_per_process"] * 2 == case["settings"]["batch_size"]
         assert len(case["ranks"]) == 2
-        assert case["ranks"][0] == breakdown(case["steps"], case["probes"])
+        assert case["ranks"][0] == breakdown(case["steps"])
+        for row in case["steps"]:
+            assert row["all-reduces"], "every DDP step all-reduces"
+            for start, end in row["all-reduces"]:  # launched in backward, waited for by it
+                assert row["backward start"] <= start <= end <= row["backward end"]
+            assert row["backward start"] <= row["last gradient"] <= row["backward end"]
+            comm = communication(row)
+            assert comm["hidden"] + comm["exposed"] == pytest.approx(comm["total"])
+            assert 0 <= row["waiting for other ranks"] <= comm["total"] + 1e-12
+        exposed = sum(communication(row)["exposed"] for row in case["steps"]) / len(case["steps"])
+        assert case["parts"]["communication not hidden"] == pytest.approx(exposed)
+
+
+def test_hidden_and_exposed_split_at_the_last_gradient():
+    # Two buckets: one from 1 to 3 (before the last gradient at 2.5: 1.5 hidden, 0.5 exposed),
+    # one from 2.8 to 4 overlapping the first; the union is 1 to 4.
+    row = {"all-reduces": [[2.8, 4.0], [1.0, 3.0]], "last gradient": 2.5}
+    comm = communication(row)
+    assert comm["total"] == pytest.approx(3.0)
+    assert comm["hidden"] == pytest.approx(1.5) and comm["exposed"] == pytest.approx(1.5)
+    assert comm["buckets"] == 2
+    assert communication({"all-reduces": [[3.0, 4.0]], "last gradient": 3.0})["hidden"] == 0
+
+
+def test_the_benchmarks_ratio_is_put_together_from_the_parts():
+    def run(processes, step_s, batch=64):
+        return {"processes": processes,
+                "cases": {"batch 64": {"settings": {"batch_size": batch}, "step": step_s}}}
+    one_thread, one_all, many = run(1, 0.008), run(1, 0.004), run(2, 0.006)
+    got = ratio_from_parts(many, one_thread, one_all)
+    assert got["processes gain"] == pytest.approx(8 / 6)
+    assert got["threads gain"] == pytest.approx(2.0)
+    # The gains' ratio is the two processes' speed over one process with all the cores.
+    assert got["ratio"] == pytest.approx(0.004 / 0.006)
 
 
 def test_the_part_that_grew_is_named_from_the_numbers():
@@ -68,6 +103,7 @@ def test_the_part_that_grew_is_named_from_the_numbers():
     (["--steps", "0"], "--steps must be at least 1"),
     (["--cases", "batch 9"], "unknown case 'batch 9'"),
     (["--warmup", "-1"], "--warmup must be 0 or more"),
+    (["--threads", "0"], "--threads must be at least 1"),
     ([], "--out"),
 ])
 def test_bad_options_are_one_line_and_exit_2(tmp_path, args, fragment):
