@@ -90,7 +90,7 @@ THEME_WORDS_ZH = {
     "Launch on": "打开于", "Color mode": "配色", "Light": "浅色", "Dark": "深色",
     "System Settings": "跟随系统", "Download this page": "下载本页", "Fullscreen mode": "全屏",
     "Print to PDF": "打印为 PDF", "Search": "搜索", "Search this book...": "搜索本书……",
-    "Contents": "目录", "Back to top": "回到顶部", "Main": "正文", "Site navigation": "本书目录",
+    "Contents": "目录", "Back to top": "回到顶部", "Site navigation": "本书目录",
     "Section Navigation": "本页目录", "previous": "上一页", "next": "下一页",
     "Skip to main content": "跳到正文", "Link to this heading": "指向本节的链接",
     "Link to this image": "指向本图的链接", "Link to this table": "指向本表的链接",

@@ -360,3 +360,33 @@ def test_every_chapter_reads_on_a_phone(page, server, screenshots, stem, edition
     folder = screenshots / "phone"
     folder.mkdir(exist_ok=True)
     page.screenshot(path=str(folder / f"{stem}-{edition}.png"))
+
+
+def search_results(page, server, words, edition=""):
+    """The pages a search lists, once it has listed them all (it says how many)."""
+    page.goto(f"{server}{edition}/search.html?q={words}", wait_until="load")
+    page.wait_for_function("() => (document.querySelector('#search-results p.search-summary')"
+                           " || {}).innerText")
+    return set(page.locator("#search-results ul.search li a").evaluate_all(
+        "links => links.map(a => a.href.split('#')[0])"))
+
+
+@pytest.mark.parametrize("edition", EDITIONS)
+def test_search_finds_all_reduce_however_it_is_spelt(page, server, edition):
+    found = {spelling: search_results(page, server, spelling, EDITIONS[edition])
+             for spelling in ("all_reduce", "all-reduce")}
+    assert found["all_reduce"] == found["all-reduce"], found
+    assert any("05_distributed_data_parallel" in link for link in found["all_reduce"])
+
+
+def test_the_chinese_pages_give_the_theme_s_words_in_chinese(opened):
+    from book.extensions.editions import THEME_WORDS_ZH
+    page = opened("zh/notebooks/05_distributed_data_parallel.html")
+    words = page.evaluate("""() => Array.from(document.querySelectorAll(
+        '.bd-header-article *, .bd-header *, .bd-sidebar-primary *, .bd-search *'))
+        .flatMap(e => ['aria-label', 'title', 'data-bs-title', 'placeholder']
+                      .map(name => e.getAttribute(name)))
+        .filter(Boolean)""")
+    english = [word for word in words if word in THEME_WORDS_ZH or word.startswith("Launch on")]
+    assert not english, f"the theme's words in English on a Chinese page: {sorted(set(english))}"
+    assert THEME_WORDS_ZH["Search this book..."] in words
