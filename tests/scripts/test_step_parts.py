@@ -5,6 +5,7 @@ grew is the one the numbers say, and bad options are one line and exit status 2.
 import json
 
 import pytest
+import torch
 
 from ddp_scripts.launcher import run_command, torchrun_command
 from ddp_scripts.step_parts import (PARTS, PHASES, REMAINDER, breakdown, communication,
@@ -63,6 +64,22 @@ def test_two_processes_time_the_all_reduce_inside_backward(tmp_path):
             assert 0 <= row["waiting for other ranks"] <= comm["total"] + 1e-12
         exposed = sum(communication(row)["exposed"] for row in case["steps"]) / len(case["steps"])
         assert case["parts"]["communication not hidden"] == pytest.approx(exposed)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs: nccl, one rank each")
+def test_two_processes_on_two_gpus(tmp_path):
+    # Each rank on its own GPU: init_process_group sets the device before the group's first
+    # collective, which stages its bytes on the current device.
+    out = tmp_path / "two.json"
+    run_command(torchrun_command("step_parts.py", 2, [*QUICK, "--device", "cuda", "--out",
+                                                      str(out)]),
+                timeout=300, progress=False, echo=lambda line: None)
+    run = json.loads(out.read_text())
+    assert run["device"] == "cuda:0"
+    for case in run["cases"].values():
+        check_adds_up(case)
+        assert all(row["all-reduces"] for row in case["steps"])
 
 
 def test_hidden_and_exposed_split_at_the_last_gradient():
