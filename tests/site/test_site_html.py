@@ -304,6 +304,18 @@ def test_stray_process_demo_lists_only_its_own_run(site):
     assert "psutil.Process(" not in text
 
 
+def test_chapter_7_sets_the_benchmarks_ratio_beside_the_one_its_parts_give(site):
+    page = (site / "notebooks" / "07_experiment.html").read_text(encoding="utf-8")
+    text = html.unescape(re.sub(r"<[^>]+>", "", page))
+    assert re.search(r"Benchmark \(steady epochs, global batch \d+\): ddp, \d+ processes x \d+ "
+                     r"thread\(s\), [\d.]+x the speed of the cpu run", text) \
+        or "Benchmark: its ddp row was" in text
+    assert re.search(r"Step parts, batch 64, speeds over 1 process x \d+ threads?: .*"
+                     r" = [\d.]+x\.", text)
+    assert re.search(r"rank 1: all-reduce [\d.]+ ms per step in \d+ bucket\(s\)", text)
+    assert "NaN" not in text  # the tables leave empty what does not apply
+
+
 def test_a_runs_lines_are_one_block_the_same_in_both_editions(site):
     """The launcher echoes a run's lines one stream output each; myst-nb shows consecutive
     ones as one block (nb_merge_streams). The Chinese chapter shows the English chapter's
