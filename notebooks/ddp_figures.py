@@ -278,9 +278,12 @@ def draw_equivalence(ax, table):
     """Per comparison (the table's index), the largest parameter difference as a bar and the
     largest change by training as a tick, on a log scale. Returns {"bars", "ticks"}: (row, value)."""
     positions = list(range(len(table)))
-    colours = [colour("", 0 if name.startswith("float32") else 1) for name in table.index]
-    bars = ax.barh(positions, table["largest |difference|"], color=colours,
-                   label="largest |difference|")
+    dtypes = [name.split(",")[0] for name in table.index]  # "float32, after epoch 1"
+    kinds = list(dict.fromkeys(dtypes))
+    colours = [colour("", kinds.index(dtype)) for dtype in dtypes]
+    bars = ax.barh(positions, table["largest |difference|"], color=colours)
+    for dtype in kinds:  # one legend entry per dtype, in its bars' colour
+        bars[dtypes.index(dtype)].set_label(f"largest |difference|, {dtype}")
     ax.scatter(table["largest change by training"], positions, marker="|", s=400,
                color="black", zorder=3, label="largest change by training")
     ax.set_yticks(positions, list(table.index))

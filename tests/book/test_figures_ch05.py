@@ -144,6 +144,11 @@ def test_the_equivalence_figure_draws_the_tables_gaps_and_changes(small_run, fig
     table = pd.DataFrame({"largest |difference|": [smallest, moved],
                           "largest change by training": [moved, moved]},
                          index=["float32, smallest layer change", "float64, largest"])
-    drawn = ddp_figures.draw_equivalence(figure()[1], table)
+    ax = figure()[1]
+    drawn = ddp_figures.draw_equivalence(ax, table)
     assert drawn["bars"] == list(zip(table.index, table["largest |difference|"]))
+    # each dtype's bars have a legend entry of their own
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "largest |difference|, float32", "largest |difference|, float64",
+        "largest change by training"]
     assert drawn["ticks"] == list(zip(table.index, table["largest change by training"]))
