@@ -145,7 +145,7 @@ def calculator_table(width, depth, batch, ranks, dtype, optimizer):
                           / 1e6 for column, parts in PEAK_COLUMNS.items()}
         rows[strategy].update({"peak (MB)": top["peak"] / 1e6, "peak falls at": top["at"]})
     table = pd.DataFrame(rows).T
-    table.index.name = f"{ranks} rank(s), batch {batch}, {dtype}, {optimizer}"
+    table.index.name = "strategy"
     return table
 
 

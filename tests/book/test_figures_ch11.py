@@ -9,10 +9,11 @@ import matplotlib.pyplot as plt
 import pytest
 
 from ddp_scripts.launcher import run_command, torchrun_command
-from ddp_scripts.memory_plan import PARTS
+from ddp_scripts.memory_plan import PARTS, PEAK_STRATEGIES, peak_plan
 from notebooks.figures import new_figure
-from notebooks.fsdp_memory import (calculator_form, calculator_table, draw_held, draw_step,
-                                   plan_for, read_run, side_by_side)
+from notebooks.fsdp_memory import (PEAK_COLUMNS, calculator_cases, calculator_form,
+                                   calculator_table, draw_held, draw_step, peaks_side_by_side,
+                                   plan_for, read_peaks, read_run, side_by_side)
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +23,11 @@ def run(tmp_path_factory):
         "--out", str(out), "--width", "64", "--depth", "2", "--global-batch-size", "6"]),
         timeout=300, echo=lambda line: None)
     measured, settings = read_run(out / "memory.jsonl")
-    return measured, plan_for(settings)
+    return measured, plan_for(settings), out, settings
 
 
 def test_the_stacked_bars_are_the_prediction_and_their_ticks_the_measured_totals(run):
-    measured, planned = run
+    measured, planned, _, _ = run
     fig, ax = new_figure()
     drawn = draw_held(ax, planned, measured)
     plt.close(fig)
@@ -44,7 +45,7 @@ def test_the_stacked_bars_are_the_prediction_and_their_ticks_the_measured_totals
 
 
 def test_the_step_figure_draws_every_hook_point_the_run_noted(run):
-    measured, _ = run
+    measured, _, _, _ = run
     fig, ax = new_figure()
     drawn = draw_step(ax, measured)
     plt.close(fig)
@@ -59,7 +60,7 @@ def test_the_step_figure_draws_every_hook_point_the_run_noted(run):
 
 
 def test_the_table_sets_prediction_beside_measurement_and_they_agree(run):
-    measured, planned = run
+    measured, planned, _, _ = run
     table = side_by_side(planned, measured)
     assert len(table) == len(measured)
     assert (table["difference (B)"] == 0).all()
@@ -77,3 +78,29 @@ def test_the_form_shows_the_calculators_table_and_answers_a_change():
         float_format="{:,.2f}".format) == answer.value
     form.children[1].children[0].value = 4  # 6 does not split over 4
     assert "does not split evenly" in answer.value
+
+
+def test_the_peak_table_sets_each_ranks_prediction_beside_the_tracker(run):
+    _, _, out, settings = run
+    tracked = read_peaks(out / "peaks.jsonl")
+    predicted = plan_for(settings, peak_plan)
+    table = peaks_side_by_side(predicted, tracked)
+    assert [strategy for strategy, _ in table.index] == [key[0] for key in tracked]
+    assert list(dict.fromkeys(s for s, _ in table.index)) == list(PEAK_STRATEGIES)
+    for (strategy, rank), row in table.iterrows():
+        assert row["predicted peak (MB)"] * 1e6 == predicted[strategy][rank]["peak"]
+        assert row["tracked (MB)"] * 1e6 == tracked[(strategy, rank)]["tracked_peak"]
+        assert row["falls at"] == predicted[strategy][rank]["at"]
+    assert table["agrees"].all()
+
+
+def test_the_calculators_columns_add_up_to_the_peak_for_every_case():
+    cases = [dict(width=64, depth=2, batch=6, ranks=3, dtype="float64", optimizer="sgd-momentum"),
+             dict(width=128, depth=3, batch=16, ranks=8, dtype="float32", optimizer="adam")]
+    tables = calculator_cases(cases)
+    assert len(tables) == 2 and all("rank(s)" in title for title in tables)
+    for table in tables.values():
+        parts = table[[f"{column} (MB)" for column in PEAK_COLUMNS]].sum(axis=1)
+        assert parts.tolist() == pytest.approx(table["peak (MB)"].tolist())
+        assert set(table.index) == set(PEAK_STRATEGIES)
+        assert table.loc["FSDP", "peak (MB)"] < table.loc["DDP", "peak (MB)"]

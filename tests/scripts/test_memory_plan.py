@@ -1,7 +1,9 @@
 """memory_plan.py, the calculator of chapter 11, held to what ranks hold: memory_run.py takes
 one step on 3 gloo ranks (width 64: every first dimension but the head's 10 splits unevenly
 over 3, so FSDP pads and ZeRO-1's shares differ), and every rank's parameters, gradients,
-optimizer state and activations equal the prediction, byte for byte."""
+optimizer state and activations equal the prediction, byte for byte. Then two steps under
+torch's own memory trackers: every rank's peak is peak_plan's, within its tolerance, and a
+rule left out of peak_plan makes the check fail."""
 import json
 
 import pytest
@@ -10,20 +12,38 @@ import torch.nn.functional as F
 from helpers import assert_one_line_error, run_one_rank
 
 from ddp_scripts.launcher import run_command, torchrun_command
-from ddp_scripts.memory_plan import PARTS, chunk_rows, plan
+from ddp_scripts.memory_plan import PARTS, chunk_rows, peak_agrees, peak_plan, plan
 from ddp_scripts.sharding import WideMLP
 
 RANKS, WIDTH, DEPTH, BATCH = 3, 64, 2, 6
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory):
+def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("memory")
     run_command(torchrun_command("memory_run.py", RANKS, [
         "--out", str(out), "--width", str(WIDTH), "--depth", str(DEPTH),
         "--global-batch-size", str(BATCH), "--dtype", "float64"]),
         timeout=300, echo=lambda line: None)
-    return [json.loads(line) for line in (out / "memory.jsonl").read_text().splitlines()]
+    return out
+
+
+@pytest.fixture(scope="module")
+def measured(run):
+    return [json.loads(line) for line in (run / "memory.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tracked(run):
+    return [json.loads(line) for line in (run / "peaks.jsonl").read_text().splitlines()]
+
+
+def peaks_agree(tracked, **rules):
+    """Which (strategy, rank) rows peak_plan, with these rules, gets within its tolerance."""
+    model = WideMLP(WIDTH, DEPTH)
+    planned = peak_plan(model, BATCH, RANKS, torch.float64, units=model.blocks, rules=rules)
+    return {(r["strategy"], r["rank"]): peak_agrees(planned[r["strategy"]][r["rank"]]["peak"],
+                                                    r["tracked_peak"]) for r in tracked}
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +79,49 @@ def test_fsdp_holds_at_most_its_shards_the_root_and_one_block_and_ddp_all_along(
             assert held[0] == held[-1] == expected["parameters"]  # shards only, at rest
         else:
             assert set(held) == {expected["parameters"]}
+
+
+def test_every_ranks_peak_is_the_tracked_one_within_the_tolerance(tracked):
+    assert len(tracked) == 1 + 4 * RANKS  # one process; DDP, its bucket view, ZeRO-1, FSDP
+    assert all(peaks_agree(tracked).values()), peaks_agree(tracked)
+    for record in tracked:  # the tracker saw buffers the counted tensors do not hold
+        assert record["tracked_peak"] > 0 and record["categories"]
+        assert record["max_memory_allocated"] is None  # on the CPU
+
+
+@pytest.mark.parametrize("rule, strategies", [
+    ("bucket", {"DDP", "DDP, bucket view", "ZeRO-1"}),
+    ("reduce-scatter buffer", {"FSDP"}),
+])
+def test_a_rule_left_out_fails_the_check(tracked, rule, strategies):
+    agree = peaks_agree(tracked, **{rule: False})
+    assert {strategy for (strategy, _), ok in agree.items() if not ok} == strategies
+
+
+def test_ddps_buckets_cost_a_copy_of_the_gradients_unless_they_are_the_gradients(tracked):
+    model = WideMLP(WIDTH, DEPTH)
+    planned = peak_plan(model, BATCH, RANKS, torch.float64, units=model.blocks)
+    ddp, view = (planned[s][0] for s in ("DDP", "DDP, bucket view"))
+    assert ddp["parts"]["DDP buckets"] == ddp["parts"]["gradients"]
+    assert view["parts"]["gradients being made"] < ddp["parts"]["gradients"]
+    peak = {r["strategy"]: r["tracked_peak"] for r in tracked if r["rank"] == 0}
+    assert peak["DDP"] - peak["DDP, bucket view"] == pytest.approx(
+        ddp["peak"] - view["peak"], rel=0.01)
+    for record in tracked:  # DDP and ZeRO-1 peak where the last gradient is made
+        if record["strategy"] != "FSDP":
+            assert record["tracked_at"] == "backward of stem"
+
+
+def test_the_peak_is_above_the_parts_after_the_step_and_the_calculator_adds_it_up():
+    from notebooks.fsdp_memory import PEAK_COLUMNS, calculator_table
+    table = calculator_table(WIDTH, DEPTH, BATCH, RANKS, "float64", "sgd-momentum")
+    parts = table[[f"{column} (MB)" for column in PEAK_COLUMNS]].sum(axis=1)
+    assert parts.tolist() == pytest.approx(table["peak (MB)"].tolist())
+    model = WideMLP(WIDTH, DEPTH)
+    after = plan(model, BATCH, RANKS, torch.float64, units=model.blocks)
+    for strategy in ("DDP", "FSDP"):
+        assert table.loc[strategy, "peak (MB)"] * 1e6 > sum(after[strategy][0][p]
+                                                            for p in PARTS[:4])
 
 
 @pytest.mark.parametrize("rows", range(1, 12))
