@@ -99,10 +99,22 @@ def verdict(runs, case):
     part, by, one_name, many_name = grew(runs, case)
     if round(by, 2) > 0:  # as printed: a growth under 0.01 us is none
         lines.append(f"  From {one_name} to {many_name}, the part that grew most: {part} "
-                     f"(+{by:.2f} us per sample): {WHY[part]}.")
+                     f"(+{by:.2f} us per sample): {why(runs, case, part)}.")
     else:
         lines.append(f"  From {one_name} to {many_name}, no part grew by 0.01 us per sample.")
     return lines
+
+
+def why(runs, case, part):
+    """WHY[part]; for a part that computes, held to what the clocks measured: forward's CPU
+    time over its wall time (forward waits for no other rank), in one process and in N."""
+    if part not in ("forward", "backward compute", "optimizer"):
+        return WHY[part]
+    one, many = (run["cases"][case]["cpu share"]["forward"] for run in compared(runs, case))
+    if many < one:
+        return f"{WHY[part]} (forward's CPU time over its wall time: {one:.2f} -> {many:.2f})"
+    return (f"the step's thread did not get less of a core (forward's CPU time over its wall "
+            f"time: {one:.2f} -> {many:.2f})")
 
 
 def communication_lines(runs, case):

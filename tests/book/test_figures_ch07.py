@@ -92,6 +92,19 @@ def test_the_verdicts_are_written_from_the_numbers(runs):
     assert len(comm) == 2 and all("bucket(s)" in line for line in comm)
 
 
+def test_less_of_a_core_is_said_only_where_the_clocks_measured_it(runs):
+    one, many = ch07_figures.compared(runs, "batch 8")
+    shares = one["cases"]["batch 8"]["cpu share"], many["cases"]["batch 8"]["cpu share"]
+    kept = [share["forward"] for share in shares]
+    shares[0]["forward"], shares[1]["forward"] = 1.0, 0.5
+    assert "gets less of a core" in ch07_figures.why(runs, "batch 8", "backward compute")
+    shares[0]["forward"], shares[1]["forward"] = 0.5, 1.0
+    said = ch07_figures.why(runs, "batch 8", "forward")
+    assert "did not get less of a core" in said and "0.50 -> 1.00" in said
+    assert ch07_figures.why(runs, "batch 8", "data wait") == ch07_figures.WHY["data wait"]
+    shares[0]["forward"], shares[1]["forward"] = kept
+
+
 def test_the_ratio_from_the_parts_stands_beside_the_benchmarks(runs):
     results = benchmark.load_results(ROOT / "results/cpu-2core-2026-11-30.json")
     bench = float(benchmark.results_table(results).loc["ddp", "x CPU"])
