@@ -258,11 +258,12 @@ def failure(exit_code, errors, lines):
     # torchrun ends the other ranks with SIGTERM once one has failed: those are not the cause
     silent = {rank: code for rank, code in failed.items()
               if rank not in written and (code != -signal.SIGTERM or rank == root)}
-    if silent:
-        rank = next((r for r, code in silent.items() if code < 0), next(iter(silent)))
+    killed = [rank for rank, code in silent.items() if code < 0]
+    if killed or (silent and errors):
+        rank = (killed or list(silent))[0]
         code = silent[rank]
         how = (f"killed by signal {-code} ({_signal_name(-code)})" if code < 0
-               else f"exit code {code}: killed by a signal?")
+               else f"exit code {code}")
         after = (f"; then rank {errors[0]['rank']} failed: {errors[0]['reason']}"[:400]
                  if errors else "")
         return LaunchError(f"rank {rank} ended without an error file ({how}){after}",

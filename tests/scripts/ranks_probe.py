@@ -27,7 +27,8 @@ seen = {"rank": rank}
 
 # 1. Resuming: only rank 0's disk holds the run; every rank must resume as rank 0 decides.
 args = options.build_parser("probe").parse_args(
-    ["--out", str(out / f"rank{rank}"), "--dataset", "synthetic", "--resume"])
+    ["--out", str(out / f"rank{rank}"), "--dataset", "synthetic", "--resume", "--epochs", "4",
+     "--batch-size", "16"])  # as the checkpoint was trained: a global batch of 32
 checkpoint = ranks.on_rank_0(checkpoints.prepare_out_dir, args)
 seen["resumes_after_epoch"] = None if checkpoint is None else checkpoint["epoch"]
 

@@ -27,7 +27,8 @@ def seen(tmp_path_factory):
     args = build_parser("test").parse_args(["--out", str(out / "rank0"), "--dataset", "synthetic"])
     (out / "rank0").mkdir()
     model = build_model()
-    save_checkpoint(out / "rank0", model, torch.optim.SGD(model.parameters(), lr=0.1), 3, args)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    save_checkpoint(out / "rank0", model, optimizer, 3, args)  # 1 rank of 32: the probe's 2 x 16
     run_command(torchrun_command(str(ROOT / "tests" / "scripts" / "ranks_probe.py"), 2, [str(out)]),
                 timeout=300, echo=lambda line: None)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
