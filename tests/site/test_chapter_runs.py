@@ -215,6 +215,22 @@ def test_the_memory_calculator_equals_what_every_rank_held():
     output = output_of("11_fsdp", "ch11-mem-run")
     assert "every part equal to the byte on every rank: True" in output, output
 
+
+def test_every_ranks_predicted_peak_is_the_one_torchs_tracker_saw():
+    """Chapter 11's peaks: memory_plan.peak_plan's, for every strategy and rank, within its
+    tolerance of MemTracker's and FSDPMemTracker's, as the chapter prints them."""
+    from ddp_scripts.memory_plan import PEAK_STRATEGIES, peak_agrees, peak_plan
+    from notebooks.fsdp_memory import plan_for, read_peaks, read_run
+    _, settings = read_run(built_run("ch11-memory") / "memory.jsonl")
+    tracked = read_peaks(built_run("ch11-memory") / "peaks.jsonl")
+    predicted = plan_for(settings, peak_plan)
+    assert {s for s, _ in tracked} == set(PEAK_STRATEGIES) and len(tracked) == 1 + 4 * 4
+    for (strategy, rank), record in tracked.items():
+        assert peak_agrees(predicted[strategy][rank]["peak"], record["tracked_peak"]), (
+            strategy, rank)
+    output = output_of("11_fsdp", "ch11-peak-check")
+    assert "every row within 3%: True" in output, output
+
 # The whole build ------------------------------------------------------------------------------
 def test_the_build_left_no_process_behind():
     """Every run a chapter started, failed, killed or timed out included, has ended."""
