@@ -213,7 +213,7 @@ MODEL_NAMES = {"cnn": "CNN", "resnet18": "ResNet-18"}
 
 # micro.py captured its graphs after zero_grad(set_to_none=False): each replay adds into
 # gradients no replay zeroes, so those rows time a step that does not train correctly.
-GRAPH_ROWS = "CUDA graph replay (flawed capture)"
+GRAPH_ROWS = "graph replay (flawed capture)"
 
 
 def draw_micro(axes, panels):
