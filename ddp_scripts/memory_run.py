@@ -24,8 +24,14 @@ second step is the one that counts: the optimizer state exists through it, as in
 after the first. With --device cuda (one GPU per rank, NCCL) the peak is also read from
 torch.cuda.max_memory_allocated over that step.
 
-Rank 0 writes OUT/memory.jsonl (one line per strategy and rank) and OUT/peaks.jsonl (the
-tracked peaks, one line per strategy and rank).
+Last, one tiny layer (nn.Linear(2, N), no bias: one row of weights per rank) is sharded with
+fully_shard, and every rank keeps its pieces around the two collectives: its shard before the
+all-gather and the whole weight after it; its own gradient before the reduce-scatter and its
+shard of the average after it (float64).
+
+Rank 0 writes OUT/memory.jsonl (one line per strategy and rank), OUT/peaks.jsonl (the
+tracked peaks, one line per strategy and rank) and OUT/collectives.json (the tiny layer's
+pieces, one entry per rank).
 """
 import json
 import os
@@ -37,6 +43,7 @@ if not __package__:  # run as a file, not imported: find ddp_scripts as notebook
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
@@ -213,6 +220,27 @@ def tracked_peak(strategy, args, batch, device):
             if device.type == "cuda" else None}
 
 
+def tiny_collectives(device):
+    """The tiny layer's pieces on this rank, before and after FSDP's all-gather and
+    reduce-scatter, as lists of numbers."""
+    torch.manual_seed(0)  # the same weights on every rank, as fully_shard expects
+    layer = nn.Linear(2, dist.get_world_size(), bias=False).to(device, torch.float64)
+    fully_shard(layer, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+    pieces = {"shard before all-gather": layer.weight.to_local().tolist()}
+
+    def gathered(module, inputs):  # runs after FSDP's own pre-forward hook: the unit is whole
+        pieces["whole after all-gather"] = module.weight.detach().tolist()
+        module.weight.register_hook(  # the whole gradient, before FSDP reduce-scatters it
+            lambda grad: pieces.update({"gradient before reduce-scatter": grad.tolist()}))
+
+    layer.register_forward_pre_hook(gathered)
+    generator = torch.Generator().manual_seed(dist.get_rank())  # each rank its own batch
+    inputs = torch.randn(2, 2, generator=generator, dtype=torch.float64).to(device)
+    layer(inputs).square().sum().backward()
+    pieces["shard after reduce-scatter"] = layer.weight.grad.to_local().tolist()
+    return {"rank": dist.get_rank(), **pieces}
+
+
 def main():
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -243,8 +271,9 @@ def main():
         peaks.append(tracked_peak("one process", args, args.global_batch_size, device))
     for strategy in ("DDP", "DDP, bucket view", "ZeRO-1", "FSDP"):
         peaks.append(tracked_peak(strategy, args, args.global_batch_size // ranks, device))
+    tiny = tiny_collectives(device)
     everyone = [None] * ranks
-    dist.all_gather_object(everyone, (records, peaks))
+    dist.all_gather_object(everyone, (records, peaks, tiny))
     if dist.get_rank() == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -254,6 +283,7 @@ def main():
         for name, index in (("memory.jsonl", 0), ("peaks.jsonl", 1)):
             lines = [json.dumps({**settings, **r}) for rank in everyone for r in rank[index]]
             (out / name).write_text("\n".join(lines) + "\n")
+        (out / "collectives.json").write_text(json.dumps([rank[2] for rank in everyone]))
     dist.barrier()
     dist.destroy_process_group()
 

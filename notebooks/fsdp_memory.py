@@ -12,7 +12,7 @@ import torch
 from ddp_scripts.memory_plan import (PARTS, PEAK_STRATEGIES, STATES_PER_PARAMETER, STRATEGIES,
                                      peak_agrees, peak_plan, plan)
 from ddp_scripts.sharding import WideMLP
-from notebooks.figures import colour, stacked_bars
+from notebooks.figures import colour, stacked_bars, tensor_grid
 
 MEASURED = PARTS[:4]   # what the run measures on every rank: all but "gathered"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -182,3 +182,51 @@ def calculator_form(width, depth, batch, ranks, dtype="float64", optimizer="sgd-
     update()
     return widgets.VBox([widgets.HBox(list(fields.values())[:3]),
                          widgets.HBox(list(fields.values())[3:]), answer])
+
+
+def read_collectives(path):
+    """collectives.json: the tiny layer's pieces on every rank, in rank order."""
+    return sorted(json.loads(open(path).read()), key=lambda record: record["rank"])
+
+
+def collective_steps(pieces):
+    """FSDP's two collectives computed from the ranks' pieces as they were before: the
+    all-gather puts every rank's shard, in rank order, into one whole tensor on every rank;
+    the reduce-scatter averages the ranks' gradients and gives rank r the r-th piece
+    (torch.chunk's cut along the first dimension). Returns the four grids (ranks x numbers)."""
+    world = len(pieces)
+    shards = torch.tensor([sum(p["shard before all-gather"], []) for p in pieces],
+                          dtype=torch.float64)
+    grads = torch.tensor([sum(p["gradient before reduce-scatter"], []) for p in pieces],
+                         dtype=torch.float64)
+    rows = len(pieces[0]["gradient before reduce-scatter"])
+    average = (grads.sum(0) / world).reshape(rows, -1)
+    return {"shard before all-gather": shards,
+            "whole after all-gather": shards.reshape(1, -1).repeat(world, 1),
+            "gradient before reduce-scatter": grads,
+            "shard after reduce-scatter": torch.stack(
+                [piece.reshape(-1) for piece in torch.chunk(average, world)])}
+
+
+def draw_collectives(axes, pieces):
+    """Four grids, one rank a row: the shards before the all-gather, the whole weight after
+    it, each rank's gradient before the reduce-scatter, its piece of the average after it.
+    The "after" grids are computed from the "before" ones (collective_steps); returns them,
+    with how far they are from what torch's collectives left on each rank."""
+    grids = collective_steps(pieces)
+    names = [f"rank {p['rank']}" for p in pieces]
+    width = grids["shard before all-gather"].shape[1]
+    titles = {"shard before all-gather": "before the all-gather: each rank's shard",
+              "whole after all-gather": "after: the whole weight on every rank",
+              "gradient before reduce-scatter": "before the reduce-scatter: each rank's "
+                                                "gradient",
+              "shard after reduce-scatter": "after: each rank's piece of the average"}
+    for ax, (name, grid) in zip(axes, grids.items()):
+        tensor_grid(ax, grid, names, fmt="{:+.2f}", title=titles[name])
+        if grid.shape[1] > width:  # the whole tensor: a line between the ranks' pieces
+            for bound in range(width, grid.shape[1], width):
+                ax.axvline(bound - 0.5, color="#333333", lw=2)
+    real = {name: torch.tensor([sum(p[name], []) for p in pieces], dtype=torch.float64)
+            for name in ("whole after all-gather", "shard after reduce-scatter")}
+    gaps = {name: float((grids[name] - real[name]).abs().max()) for name in real}
+    return grids, gaps

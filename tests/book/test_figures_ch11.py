@@ -12,8 +12,9 @@ from ddp_scripts.launcher import run_command, torchrun_command
 from ddp_scripts.memory_plan import PARTS, PEAK_STRATEGIES, peak_plan
 from notebooks.figures import new_figure
 from notebooks.fsdp_memory import (PEAK_COLUMNS, calculator_cases, calculator_form,
-                                   calculator_table, draw_held, draw_step, peaks_side_by_side,
-                                   plan_for, read_peaks, read_run, side_by_side)
+                                   calculator_table, draw_collectives,
+                                   draw_held, draw_step, peaks_side_by_side, plan_for,
+                                   read_collectives, read_peaks, read_run, side_by_side)
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +105,36 @@ def test_the_calculators_columns_add_up_to_the_peak_for_every_case():
         assert parts.tolist() == pytest.approx(table["peak (MB)"].tolist())
         assert set(table.index) == set(PEAK_STRATEGIES)
         assert table.loc["FSDP", "peak (MB)"] < table.loc["DDP", "peak (MB)"]
+
+
+def test_the_collectives_drawing_ends_where_torchs_collectives_did(run):
+    _, _, out, _ = run
+    pieces = read_collectives(out / "collectives.json")
+    assert [p["rank"] for p in pieces] == [0, 1, 2]
+    fig, axes = new_figure(4, 1)
+    grids, gaps = draw_collectives(axes, pieces)
+    plt.close(fig)
+    assert gaps["whole after all-gather"] == 0  # copies: exact
+    assert gaps["shard after reduce-scatter"] < 1e-12  # a sum in another order: rounding
+    for ax, (name, grid) in zip(axes, grids.items()):
+        written = [text.get_text() for text in ax.texts]
+        assert written == [f"{value:+.2f}" for value in grid.reshape(-1).tolist()], name
+    whole = grids["whole after all-gather"]
+    assert (whole == whole[0]).all() and whole.shape == (3, 3 * 2)
+
+
+def test_a_drawing_that_sums_instead_of_averaging_fails_the_check(run, monkeypatch):
+    import notebooks.fsdp_memory as fsdp_memory
+    _, _, out, _ = run
+    right = fsdp_memory.collective_steps
+
+    def summing(pieces):
+        steps = right(pieces)
+        steps["shard after reduce-scatter"] = steps["shard after reduce-scatter"] * len(pieces)
+        return steps
+
+    monkeypatch.setattr(fsdp_memory, "collective_steps", summing)
+    fig, axes = new_figure(4, 1)
+    _, gaps = draw_collectives(axes, read_collectives(out / "collectives.json"))
+    plt.close(fig)
+    assert gaps["shard after reduce-scatter"] > 1e-3 and gaps["whole after all-gather"] == 0
