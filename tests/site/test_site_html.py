@@ -341,3 +341,14 @@ def test_every_page_names_both_licences_in_its_footer(pages):
                if not page.with_class("book-licence", "p")
                or not {href.rsplit("/", 1)[-1] for href in page.links} >= licence_files]
     assert not unnamed, f"{len(unnamed)} pages without the licences in their footer: {unnamed[:5]}"
+
+
+def test_chapter_11_shows_its_calculator_as_tables_and_no_form_that_cannot_answer(pages):
+    """Without a kernel a form's fields look editable and do nothing: chapter 11 shows the
+    calculator's cases as tables, each column adding up to the peak, in both editions."""
+    chapters = [path for path in pages if path.name == "11_fsdp.html"]
+    assert len(chapters) >= 1
+    for path in chapters:
+        html = path.read_text(encoding="utf-8")
+        assert "application/vnd.jupyter.widget-state+json" not in html, path
+        assert "peak falls at" in html and "communication buffers (MB)" in html, path
