@@ -125,7 +125,8 @@ def first_failure(error):
     if failures:
         rank = min(failures)
         cause = failures[rank][0]
-        return f"rank {rank}: {type(cause).__name__}: {first_line(cause)}"
+        message = str(cause).strip() and f": {first_line(cause)}"
+        return f"rank {rank}: {type(cause).__name__}{message}"
     return first_line(error)
 
 

@@ -72,6 +72,14 @@ def test_an_out_that_cannot_be_written_is_one_line_before_any_work(tmp_path, mon
     assert "training on" not in result.stdout
 
 
+def test_unicode_and_spaces_in_paths(tmp_path):
+    out = tmp_path / "ä ö 训练" / "run 1"
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1",
+                            "--data-dir", tmp_path / "数据 dir", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert logged_epochs(out) == [1] and (out / CHECKPOINT).exists()
+
+
 def test_a_run_refused_before_it_starts_leaves_no_folder_behind(tmp_path):
     result = run_in_process("train_single.py", *RUN, "--batch-size", "1024",
                             "--out", tmp_path / "new" / "run")
@@ -254,11 +262,15 @@ def test_a_damaged_shard_names_the_first_rank_s_exception():
     error = CheckpointException("load failed", {
         1: (OSError("other"), None), 0: (ValueError("short read in __0_0.distcp\nmore"), None)})
     assert fsdp_out.first_failure(error) == "rank 0: ValueError: short read in __0_0.distcp"
+    assert fsdp_out.first_failure(CheckpointException("", {0: (EOFError(), None)})) == \
+        "rank 0: EOFError"
 
 
 # --- torchrun's variables, the error file, the options --------------------------------------
 @pytest.mark.parametrize("env, fragment", [
     ({"LOCAL_RANK": "0"}, "RANK, WORLD_SIZE, LOCAL_WORLD_SIZE not set, although LOCAL_RANK is"),
+    ({"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2"},  # by hand: rank 1 would never come
+     "LOCAL_WORLD_SIZE not set, although LOCAL_RANK is"),
     ({"LOCAL_RANK": "0", "RANK": "2", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"},
      "torchrun's variables contradict each other"),
     ({"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "two", "LOCAL_WORLD_SIZE": "1"},
