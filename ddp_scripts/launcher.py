@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from ddp_scripts.runfiles import (ERROR_FILE_NAME, ERROR_FILE_VARIABLE, logged_epochs,
-                                  metrics_rows, read_error_files)
+                                  metrics_rows, ranks_without_error_file, read_error_files)
 
 SCRIPTS = Path(__file__).resolve().parent
 
@@ -218,7 +218,8 @@ def run_command(command, timeout=600, progress="auto", out=None, total_epochs=No
             if bar is not None:
                 bar.close()
         if process.returncode != 0:
-            raise failure(process.returncode, read_error_files(error_dir), lines)
+            raise failure(process.returncode, read_error_files(error_dir), lines,
+                          ranks_without_error_file(error_dir))
     finally:
         if log_dir is None or log_dir in _TEMPORARY_LOG_DIRS:
             shutil.rmtree(error_dir, ignore_errors=True)
@@ -226,48 +227,23 @@ def run_command(command, timeout=600, progress="auto", out=None, total_epochs=No
     return lines
 
 
-def torchrun_failures(lines):
-    """The ranks torchrun's summary names as failed, each with its exit status (negative:
-    the signal that ended it), the first to fail first; {} if it printed none."""
-    text = "\n".join(lines)
-    blocks = re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", text)
-    root = re.search(r"Root Cause \(first observed failure\):\s*\[\d+\]:.*?"
-                     r"rank\s*:\s*(\d+)", text, re.S)
-    failures = {int(rank): int(code) for rank, code in blocks}
-    if root is not None and int(root[1]) in failures:
-        failures = {int(root[1]): failures[int(root[1])], **failures}
-    return failures
+# How a rank reports that another rank is gone (gloo, nccl, a socket): it failed for lack of
+# that rank, which is the one to read about.
+LOST_PEER = re.compile(r"by peer|Connection (?:reset|closed|refused)|remote process|Broken pipe",
+                       re.IGNORECASE)
 
 
-def _signal_name(number):
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return "unknown signal"
-
-
-def failure(exit_code, errors, lines):
+def failure(exit_code, errors, lines, silent=()):
     """A LaunchError from the error files of a failed run: the first rank that failed, its
-    exit status and its reason. A process killed by a signal writes no error file: a rank
-    that torchrun saw fail without one leads (the others failed for lack of it), as in
-    torchrun's own summary; with no error file at all, the run's own exit status and the
-    last lines it printed."""
-    written = {error["rank"] for error in errors}
-    failed = torchrun_failures(lines)
-    root = next(iter(failed), None)
-    # torchrun ends the other ranks with SIGTERM once one has failed: those are not the cause
-    silent = {rank: code for rank, code in failed.items()
-              if rank not in written and (code != -signal.SIGTERM or rank == root)}
-    killed = [rank for rank, code in silent.items() if code < 0]
-    if killed or (silent and errors):
-        rank = (killed or list(silent))[0]
-        code = silent[rank]
-        how = (f"killed by signal {-code} ({_signal_name(-code)})" if code < 0
-               else f"exit code {code}")
-        after = (f"; then rank {errors[0]['rank']} failed: {errors[0]['reason']}"[:400]
-                 if errors else "")
-        return LaunchError(f"rank {rank} ended without an error file ({how}){after}",
-                           rank=rank, exit_code=code, tail="\n".join(lines[-25:]))
+    exit status and its reason. A process killed by a signal writes no error file: `silent`
+    are the ranks without one (runfiles.ranks_without_error_file). If the first error file
+    says a peer was lost, the first silent rank is named first, as torchrun names it. With
+    no error file at all: the run's own exit status, and the last lines it printed."""
+    if errors and silent and LOST_PEER.search(errors[0]["reason"]):
+        rank = silent[0]
+        return LaunchError(f"rank {rank} ended without an error file (killed by a signal?); "
+                           f"then rank {errors[0]['rank']} failed: {errors[0]['reason']}"[:600],
+                           rank=rank, exit_code=exit_code, tail="\n".join(lines[-25:]))
     if not errors:   # then what it printed last is all there is to say why
         last = " | ".join(line.strip() for line in lines[-4:]) or "nothing"
         return LaunchError(f"the run failed with exit code {exit_code} and left no error "

@@ -72,6 +72,24 @@ def write_error_file(error, exit_code, rank=None, with_stack=True):
         json.dump(data, f)
 
 
+def _last_attempt(log_dir):
+    """torchrun's folder for its last attempt under `log_dir`, or None: one subfolder per
+    local rank, made by torchrun before the rank starts."""
+    attempts = sorted(Path(log_dir).glob("*/attempt_*"),
+                      key=lambda p: (p.parent.stat().st_mtime, int(p.name.split("_")[1])))
+    return attempts[-1] if attempts else None
+
+
+def ranks_without_error_file(log_dir):
+    """The local ranks of torchrun's last attempt under `log_dir` whose folder holds no error
+    file: killed by a signal, or ended by torchrun once another rank had failed."""
+    attempt = _last_attempt(log_dir)
+    if attempt is None:
+        return []
+    return sorted(int(p.name) for p in attempt.iterdir()
+                  if p.name.isdigit() and not (p / ERROR_FILE_NAME).exists())
+
+
 def read_error_files(log_dir):
     """The error files of a failed run under `log_dir`, earliest failure first.
 
@@ -79,9 +97,8 @@ def read_error_files(log_dir):
     last attempt counts). `<log_dir>/error.json` is a single process's, or torchrun's own:
     its own failure (a rendezvous that timed out), or a copy of its first failed worker's.
     """
-    attempts = sorted(Path(log_dir).glob("*/attempt_*"),
-                      key=lambda p: (p.parent.stat().st_mtime, int(p.name.split("_")[1])))
-    files = list(attempts[-1].glob(f"*/{ERROR_FILE_NAME}")) if attempts else []
+    attempt = _last_attempt(log_dir)
+    files = list(attempt.glob(f"*/{ERROR_FILE_NAME}")) if attempt else []
     if not files:
         files = list(Path(log_dir).glob(ERROR_FILE_NAME))
     errors = []
