@@ -14,7 +14,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root
 import torch
 import torch.distributed as dist
 
-from ddp_scripts import checkpoints, cli, data, options, ranks
+from ddp_scripts import checkpoints, cifar10, cli, data, options, ranks
 
 out = Path(sys.argv[1])
 device = torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")  # "cuda": one GPU per rank
@@ -47,7 +47,7 @@ def fake_cifar10(data_dir, download):
     if rank == 1:
         raise RuntimeError("Dataset not found or corrupted")
     return [(torch.zeros(8, 3, 32, 32), torch.zeros(8, dtype=torch.long))] * 2  # CPU, as the real one
-data.cifar10_tensors = fake_cifar10
+cifar10.cifar10_tensors = fake_cifar10
 try:
     data.load_datasets("cifar10", str(out / "data"), 8, 8)
 except cli.UsageError as error:

@@ -253,9 +253,9 @@ def test_cifar10_downloads_take_turns_on_one_disk(tmp_path):
     is free again after: LOCAL_RANK cannot tell who is first under --virtual-local-rank."""
     import fcntl  # POSIX, as every machine the tests run on
 
-    from ddp_scripts import data
+    from ddp_scripts import cifar10
     lock = tmp_path / "data" / ".download.lock"
-    with data._one_process_at_a_time(lock):
+    with cifar10._one_process_at_a_time(lock):
         with open(lock) as other:
             with pytest.raises(BlockingIOError):
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -270,7 +270,7 @@ def test_a_download_lock_that_cannot_be_had_means_no_lock(tmp_path, monkeypatch,
     import errno
     import fcntl
 
-    from ddp_scripts import data
+    from ddp_scripts import cifar10
     lock = tmp_path / "data" / ".download.lock"
     if cannot == "lock path is a directory":
         lock.mkdir(parents=True)
@@ -279,7 +279,7 @@ def test_a_download_lock_that_cannot_be_had_means_no_lock(tmp_path, monkeypatch,
             raise OSError(errno.ENOSYS, "Function not implemented")
         monkeypatch.setattr(fcntl, "flock", no_flock)
     ran = []
-    with data._one_process_at_a_time(lock):
+    with cifar10._one_process_at_a_time(lock):
         ran.append(True)
     assert ran == [True]
     said = capsys.readouterr().out.splitlines()

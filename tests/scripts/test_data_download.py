@@ -1,12 +1,12 @@
 """CIFAR-10's download: a time limit, and one line that says how to place the archive by hand
-(ddp_scripts/data.py). A local server plays the host; nothing goes to the internet."""
+(ddp_scripts/cifar10.py). A local server plays the host; nothing goes to the internet."""
 import http.server
 import os
 import threading
 
 import pytest
 
-from ddp_scripts import data
+from ddp_scripts import cifar10, data
 
 
 class Trickle(http.server.BaseHTTPRequestHandler):
@@ -15,7 +15,7 @@ class Trickle(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.send_response(200)
-        self.send_header("Content-Length", str(data.ARCHIVE_BYTES))
+        self.send_header("Content-Length", str(cifar10.ARCHIVE_BYTES))
         self.end_headers()
         while not self.stop.wait(0.05):
             try:
@@ -35,7 +35,7 @@ def slow_host():
     Trickle.stop.clear()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/{data.ARCHIVE}"
+    yield f"http://127.0.0.1:{server.server_address[1]}/{cifar10.ARCHIVE}"
     Trickle.stop.set()
     server.shutdown()
     server.server_close()
@@ -43,35 +43,35 @@ def slow_host():
 
 def test_a_slow_host_gives_up_in_the_time_limit_and_says_how_to_place_the_file(slow_host, tmp_path):
     with pytest.raises(OSError) as raised:
-        data.fetch_archive(tmp_path, url=slow_host, limit_s=0.5)
+        cifar10.fetch_archive(tmp_path, url=slow_host, limit_s=0.5)
     message = str(raised.value)
     assert "\n" not in message and "not done after 0.5 s" in message
-    assert f"put {data.ARCHIVE} (170,498,071 bytes, MD5 {data.ARCHIVE_MD5}) into {tmp_path}/" in message
+    assert f"put {cifar10.ARCHIVE} (170,498,071 bytes, MD5 {cifar10.ARCHIVE_MD5}) into {tmp_path}/" in message
     assert list(tmp_path.iterdir()) == [], "a half download is left behind"
 
 
 def test_a_refused_connection_says_how_to_place_the_file(tmp_path):
     with pytest.raises(OSError, match="by hand and run again$"):
-        data.fetch_archive(tmp_path, url="http://127.0.0.1:9/none.tar.gz", limit_s=5)
+        cifar10.fetch_archive(tmp_path, url="http://127.0.0.1:9/none.tar.gz", limit_s=5)
 
 
 def test_the_md5_is_torchvision_s_and_a_wrong_file_in_place_is_named_not_deleted(tmp_path):
     from torchvision.datasets import CIFAR10
-    assert (data.ARCHIVE, data.ARCHIVE_MD5) == (CIFAR10.filename, CIFAR10.tgz_md5)
-    placed = tmp_path / data.ARCHIVE
+    assert (cifar10.ARCHIVE, cifar10.ARCHIVE_MD5) == (CIFAR10.filename, CIFAR10.tgz_md5)
+    placed = tmp_path / cifar10.ARCHIVE
     placed.write_bytes(b"not the archive")
     with pytest.raises(OSError, match="is not the CIFAR-10 archive"):
-        data.fetch_archive(tmp_path, url="http://127.0.0.1:9/never-asked", limit_s=5)
+        cifar10.fetch_archive(tmp_path, url="http://127.0.0.1:9/never-asked", limit_s=5)
     assert placed.read_bytes() == b"not the archive"
 
 
 def test_the_fallback_line_carries_the_placing_instructions(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(data, "DOWNLOAD_TIMEOUT_S", 5)
-    monkeypatch.setattr(data.fetch_archive, "__defaults__", ("http://127.0.0.1:9/x", 5, 5))
+    monkeypatch.setattr(cifar10, "DOWNLOAD_TIMEOUT_S", 5)
+    monkeypatch.setattr(cifar10.fetch_archive, "__defaults__", ("http://127.0.0.1:9/x", 5, 5))
     train, _ = data.load_datasets("cifar10", str(tmp_path), train_samples=64, test_samples=16)
     assert train.source == "synthetic (fallback)"
     [line] = [line for line in capsys.readouterr().out.splitlines() if "could not be loaded" in line]
-    assert f"MD5 {data.ARCHIVE_MD5}" in line and "using the synthetic CIFAR-shaped data set" in line
+    assert f"MD5 {cifar10.ARCHIVE_MD5}" in line and "using the synthetic CIFAR-shaped data set" in line
 
 
 # --- the unpacked files, the lock, and the runs that cannot get CIFAR-10 -------------------
@@ -87,7 +87,7 @@ def fake_unpacked(monkeypatch, data_dir, names=("data_batch_1", "test_batch", "b
     for name in names:
         (folder / name).write_bytes(name.encode())
         listed.append([name, hashlib.md5(name.encode()).hexdigest()])
-    monkeypatch.setattr(data, "unpacked_files", lambda: listed)
+    monkeypatch.setattr(cifar10, "unpacked_files", lambda: listed)
     return folder
 
 
@@ -101,17 +101,17 @@ def offline(monkeypatch, proxy="http://127.0.0.1:9"):
 
 def test_batches_meta_counts_as_part_of_the_unpacked_files():
     from torchvision.datasets import CIFAR10
-    names = [name for name, _ in data.unpacked_files()]
+    names = [name for name, _ in cifar10.unpacked_files()]
     assert names == [*(name for name, _ in CIFAR10.train_list + CIFAR10.test_list), "batches.meta"]
 
 
 def test_a_damaged_or_missing_file_is_named_and_the_rest_are_not(tmp_path, monkeypatch):
-    assert data.unpacked_state(tmp_path) == (False, "")  # nothing there yet: nothing to say
+    assert cifar10.unpacked_state(tmp_path) == (False, "")  # nothing there yet: nothing to say
     folder = fake_unpacked(monkeypatch, tmp_path)
-    assert data.unpacked_state(tmp_path) == (True, "")
+    assert cifar10.unpacked_state(tmp_path) == (True, "")
     (folder / "data_batch_1").write_bytes(b"data_batch")  # cut short, as a copy stopped half-way
     (folder / "batches.meta").unlink()
-    whole, wrong = data.unpacked_state(tmp_path)
+    whole, wrong = cifar10.unpacked_state(tmp_path)
     assert not whole
     assert wrong == (f"data_batch_1 in {folder}/ failed the MD5 check (damaged, or copied in "
                      f"part); {folder}/ lacks batches.meta")
@@ -126,7 +126,7 @@ def test_damaged_files_are_named_in_the_fallback_line_beside_the_failed_download
     assert train.source == "synthetic (fallback)"
     [line] = [line for line in capsys.readouterr().out.splitlines() if "could not be loaded" in line]
     assert f"(test_batch in {folder}/ failed the MD5 check (damaged, or copied in part); " \
-           f"download of {data.ARCHIVE} failed (" in line
+           f"download of {cifar10.ARCHIVE} failed (" in line
     assert line.endswith("by hand and run again); using the synthetic CIFAR-shaped data set instead")
 
 
@@ -143,8 +143,8 @@ def test_whole_files_are_read_without_a_lock_or_a_word(tmp_path, monkeypatch, ca
             self.data, self.targets = np.zeros((4, 32, 32, 3), np.uint8), [0, 1, 2, 3]
     monkeypatch.setattr(torchvision.datasets, "CIFAR10", Read)
     locked = []
-    monkeypatch.setattr(data, "_one_process_at_a_time", lambda path: locked.append(path))
-    (train, _), _ = data.cifar10_tensors(tmp_path, download=True)
+    monkeypatch.setattr(cifar10, "_one_process_at_a_time", lambda path: locked.append(path))
+    (train, _), _ = cifar10.cifar10_tensors(tmp_path, download=True)
     assert train.shape == (4, 3, 32, 32)
     assert locked == [] and capsys.readouterr().out == ""
     assert not (tmp_path / ".download.lock").exists()
@@ -159,7 +159,7 @@ def test_the_lock_file_is_opened_for_writing_as_nfs_needs(tmp_path, monkeypatch)
         modes.append(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE)
         return real_flock(fd, operation)
     monkeypatch.setattr(fcntl, "flock", flock)
-    with data._one_process_at_a_time(tmp_path / ".download.lock"):
+    with cifar10._one_process_at_a_time(tmp_path / ".download.lock"):
         pass
     assert modes == [os.O_RDWR]
 
@@ -178,7 +178,7 @@ def test_a_lock_file_that_may_only_be_read_still_serves(tmp_path, monkeypatch, c
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real_open(path, flags, *mode)
     monkeypatch.setattr(os, "open", read_only_folder)
-    with data._one_process_at_a_time(lock):
+    with cifar10._one_process_at_a_time(lock):
         with open(lock) as other, pytest.raises(BlockingIOError):
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     assert capsys.readouterr().out == ""
@@ -189,7 +189,7 @@ def test_the_download_limit_leaves_half_the_group_timeout_to_unpack_and_read():
     after --timeout-s."""
     from ddp_scripts.options import build_parser
     default = build_parser("test").parse_args(["--out", "x"]).timeout_s
-    assert data.DOWNLOAD_TIMEOUT_S <= default / 2
+    assert cifar10.DOWNLOAD_TIMEOUT_S <= default / 2
 
 
 def test_no_synthetic_fallback_stops_the_run_in_one_line(tmp_path, monkeypatch):
@@ -240,7 +240,7 @@ def test_under_torchrun_every_rank_says_how_to_place_the_archive_after_one_attem
     assert RefusingProxy.asked == ["www.cs.toronto.edu:443"]
     for rank in (0, 1):
         [line] = [line for line in lines if line.startswith(f"[rank {rank}] CIFAR-10 could not")]
-        assert f"put {data.ARCHIVE} (170,498,071 bytes, MD5 {data.ARCHIVE_MD5}) into " \
+        assert f"put {cifar10.ARCHIVE} (170,498,071 bytes, MD5 {cifar10.ARCHIVE_MD5}) into " \
                f"{tmp_path / 'data'}/ by hand and run again" in line, line
     assert not any("download=True" in line or "Traceback" in line for line in lines), "\n".join(lines)
 
@@ -255,14 +255,14 @@ def test_an_archive_put_in_place_by_hand_is_unpacked_and_read(tmp_path, monkeypa
     import numpy as np
     import torchvision
     names = ("data_batch_1", "test_batch", "batches.meta")
-    archive = tmp_path / data.ARCHIVE
+    archive = tmp_path / cifar10.ARCHIVE
     with tarfile.open(archive, "w:gz") as tar:
         for name in names:
             info = tarfile.TarInfo(f"{torchvision.datasets.CIFAR10.base_folder}/{name}")
             info.size = len(name)
             tar.addfile(info, io.BytesIO(name.encode()))
-    monkeypatch.setattr(data, "ARCHIVE_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
-    monkeypatch.setattr(data, "unpacked_files",
+    monkeypatch.setattr(cifar10, "ARCHIVE_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
+    monkeypatch.setattr(cifar10, "unpacked_files",
                         lambda: [[name, hashlib.md5(name.encode()).hexdigest()] for name in names])
 
     class Read:
@@ -272,9 +272,9 @@ def test_an_archive_put_in_place_by_hand_is_unpacked_and_read(tmp_path, monkeypa
             self.data, self.targets = np.zeros((2, 32, 32, 3), np.uint8), [0, 1]
     monkeypatch.setattr(torchvision.datasets, "CIFAR10", Read)
     offline(monkeypatch)  # a download would fail
-    (train, _), _ = data.cifar10_tensors(tmp_path, download=True)
+    (train, _), _ = cifar10.cifar10_tensors(tmp_path, download=True)
     assert train.shape == (2, 3, 32, 32)
-    assert data.unpacked_state(tmp_path) == (True, "")
+    assert cifar10.unpacked_state(tmp_path) == (True, "")
     assert sorted(path.name for path in tmp_path.iterdir()) == \
-        sorted([".download.lock", data.ARCHIVE, Read.base_folder])
+        sorted([".download.lock", cifar10.ARCHIVE, Read.base_folder])
     assert capsys.readouterr().out == ""
