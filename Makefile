@@ -6,14 +6,15 @@
 #   make browser  install Debian's chromium and a Chinese font (needs root; elsewhere, install
 #                 Chromium and any font with Chinese characters yourself)
 # Quicker, while working on the code: `make check` runs the tests that need no built book
-# (tests/scripts and tests/book; tests/site reads the built book).
+# (tests/scripts, tests/figures and tests/book; tests/site reads the built book).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
 # The tests are in one folder for each thing they need: tests/scripts (the companion scripts),
-# tests/book (the sources and tools), tests/site (the built book: its pages, its chapters' runs).
+# tests/figures (the figure helpers, fed real runs), tests/book (the sources and tools),
+# tests/site (the built book: its pages, its chapters' runs).
 
 .PHONY: book test check oldest-torch browser gpu-check gpu-bundle student-copies clean
 
@@ -40,7 +41,7 @@ test: book
 	$(PYTEST) tests
 
 check: $(INSTALLED)
-	$(PYTEST) tests/scripts tests/book
+	$(PYTEST) tests/scripts tests/figures tests/book
 
 # Every English chapter against the oldest torch and torchvision that requirements.txt allows,
 # in an environment of its own (.venv-oldest; pip fetches that torch, a few GB with CUDA).

@@ -29,10 +29,12 @@ import threading
 import time
 from pathlib import Path
 
+from ddp_scripts.cli import FAST_EXIT
 from ddp_scripts.runfiles import (ERROR_FILE_NAME, ERROR_FILE_VARIABLE, logged_epochs,
                                   metrics_rows, ranks_without_error_file, read_error_files)
 
 SCRIPTS = Path(__file__).resolve().parent
+ROOT = SCRIPTS.parent
 
 
 class LaunchError(RuntimeError):
@@ -118,19 +120,31 @@ def added_environment(env=None):
     companion script at once when it has finished (cli.run_cli: the book runs many short
     runs); OMP_NUM_THREADS set here spares every run torchrun's banner about it (the scripts
     choose their own thread count, cores / processes, anyway)."""
-    added = {"PYTHONUNBUFFERED": "1", "DDP_SCRIPTS_FAST_EXIT": "1", **(env or {})}
+    added = {"PYTHONUNBUFFERED": "1", FAST_EXIT: "1", **(env or {})}
     if "OMP_NUM_THREADS" not in os.environ:
         added.setdefault("OMP_NUM_THREADS", "1")
     return added
 
 
 def shell_line(command, env=None):
-    """`command`, run with `env`, as one line a shell runs the same way: the variables the
-    launcher adds first (all but the error file's, a temporary path), every word quoted
-    where it must be, paths inside the repository relative to it (run it from there)."""
-    from ddp_scripts.benchmark import _relative   # the benchmark's results name paths so too
-    variables = [f"{name}={shlex.quote(value)}" for name, value in added_environment(env).items()]
-    return " ".join([*variables, shlex.join(_relative(str(word)) for word in command)])
+    """`command`, run with `env`, as one line a reader types in a shell: the variables the
+    launcher adds first, but for the book's own two (the error file's, a temporary path, and
+    DDP_SCRIPTS_FAST_EXIT, which cli.run_cli asks to leave out of your own runs), every word
+    quoted where it must be, paths inside the repository relative to it (run it from there)."""
+    variables = [f"{name}={shlex.quote(value)}" for name, value in added_environment(env).items()
+                 if name != FAST_EXIT]
+    return " ".join([*variables, shlex.join(repository_relative(str(word)) for word in command)])
+
+
+def repository_relative(word):
+    """An absolute path inside the repository, relative to it; anything else unchanged
+    (the commands shown and the benchmark's results files name paths so)."""
+    if not Path(word).is_absolute():
+        return word
+    try:
+        return str(Path(word).resolve().relative_to(ROOT.resolve()))
+    except (ValueError, OSError):
+        return word
 
 
 def read_metrics(out):

@@ -1,4 +1,4 @@
-"""Chapter 7's figures: a step taken apart (ddp_scripts/step_parts.py's files), and the speed-ups
+"""Chapter 7's figures: a step taken apart (ddp_scripts/recorders/step_parts.py's files), and the speed-ups
 of the article, of the recorded GPU machine and of this build's run, side by side.
 
 Each function takes what a run wrote and draws it with notebooks.figures; it returns what it
@@ -7,8 +7,8 @@ drew, so a test can hold the drawing to the data.
 import json
 import textwrap
 
-from ddp_scripts import benchmark
-from ddp_scripts.step_parts import PARTS, REMAINDER, part_that_grew, ratio_from_parts
+from ddp_scripts.measure import benchmark
+from ddp_scripts.recorders.step_parts import PARTS, REMAINDER, part_that_grew, ratio_from_parts
 from notebooks.figures import colour, stacked_bars
 
 # Why a part grows from one process to N with the same threads each, said once, for the

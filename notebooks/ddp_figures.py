@@ -1,9 +1,9 @@
-"""Chapter 5's figures, drawn from what ddp_scripts/ddp_anatomy.py recorded on the ranks.
+"""Chapter 5's figures, drawn from what ddp_scripts/recorders/ddp_anatomy.py recorded on the ranks.
 
     from notebooks.ddp_figures import load_anatomy, draw_job, draw_sampler, ...
 
 Each drawing function takes the ranks' records (anatomy.json's "ranks") and returns what it
-drew, for tests/book/test_figures_ch05.py to compare with the data.
+drew, for tests/figures/test_figures_ch05.py to compare with the data.
 """
 import json
 from pathlib import Path

@@ -193,7 +193,7 @@ def draw_placements(ax, run):
 
 def draw_local_ranks(ax, workers):
     """Each torchrun worker of one node: its LOCAL_RANK, the device pick_device gave it, and
-    which entry of CUDA_VISIBLE_DEVICES that device is (ddp_scripts/who_am_i.py's records).
+    which entry of CUDA_VISIBLE_DEVICES that device is (ddp_scripts/recorders/who_am_i.py's records).
     Returns [(local rank label, device label, physical label)] as drawn."""
     drawn = []
     workers = sorted(workers, key=lambda w: int(w["LOCAL_RANK"]))

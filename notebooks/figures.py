@@ -23,7 +23,7 @@ KINDS = {"compute": "#0173b2", "forward": "#0173b2", "backward": "#56b4e9",
          "communication": "#de8f05", "all-reduce": "#de8f05", "gather": "#de8f05",
          "wait": "#cccccc", "idle": "#eeeeee", "data": "#029e73", "copy": "#cc78bc",
          "optimizer": "#ca9161", "other": "#949494", "gradient ready": "#d55e00"}
-# The parts of a training step as ddp_scripts/step_parts.py names them, in their kinds' colours.
+# The parts of a training step as ddp_scripts/recorders/step_parts.py names them, in their kinds' colours.
 KINDS.update({"data wait": KINDS["data"], "copy to device": KINDS["copy"],
               "backward compute": KINDS["backward"],
               "communication not hidden": KINDS["communication"],

@@ -1,7 +1,7 @@
 """Chapter 11's memory pages: the calculator's tables beside the run, its form, and two figures.
 
-The predictions come from ddp_scripts/memory_plan.py, the measurements from the lines
-ddp_scripts/memory_run.py wrote (memory.jsonl, and peaks.jsonl for torch's tracker); the
+The predictions come from ddp_scripts/recorders/memory_plan.py, the measurements from the lines
+ddp_scripts/recorders/memory_run.py wrote (memory.jsonl, and peaks.jsonl for torch's tracker); the
 figures draw both with notebooks/figures.py.
 """
 import json
@@ -9,7 +9,7 @@ import json
 import pandas as pd
 import torch
 
-from ddp_scripts.memory_plan import (PARTS, PEAK_STRATEGIES, STATES_PER_PARAMETER, STRATEGIES,
+from ddp_scripts.recorders.memory_plan import (PARTS, PEAK_STRATEGIES, STATES_PER_PARAMETER, STRATEGIES,
                                      peak_agrees, peak_plan, plan)
 from ddp_scripts.sharding import WideMLP
 from notebooks.figures import colour, stacked_bars, tensor_grid

@@ -1,4 +1,4 @@
-"""Chapter 6: the two-node rehearsal drawn from what its workers wrote (ddp_scripts/who_am_i.py).
+"""Chapter 6: the two-node rehearsal drawn from what its workers wrote (ddp_scripts/recorders/who_am_i.py).
 
     from notebooks.node_figures import who_am_i_command, read_workers, draw_nodes, draw_rendezvous
 """
@@ -16,7 +16,7 @@ def who_am_i_command(node_rank, port, out, nnodes=2, nproc_per_node=2):
     return [sys.executable, "-m", "torch.distributed.run",
             "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
             "--node-rank", str(node_rank), "--master-addr", "127.0.0.1",
-            "--master-port", str(port), str(ROOT / "ddp_scripts" / "who_am_i.py"),
+            "--master-port", str(port), str(ROOT / "ddp_scripts" / "recorders" / "who_am_i.py"),
             "--out", str(out)]
 
 

@@ -2,7 +2,7 @@
 
     from notebooks.practice_figures import overlap_rows, draw_overlap, draw_no_sync
 
-The chapter's cells and tests/book/test_figures_ch09.py call the same functions.
+The chapter's cells and tests/figures/test_figures_ch09.py call the same functions.
 """
 from notebooks.figures import colour, new_figure, timeline
 

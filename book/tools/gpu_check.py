@@ -3,7 +3,7 @@
     python -m book.tools gpu-check [--budget S] [--dry-run] [--only NOTEBOOK ...] [--out DIR] [--pack FILE] [--bundle]
 
 Steps, in order of value: notebooks with stale or unrecorded `gpu-output` cells, `pytest -m gpu tests`,
-ddp_scripts/gpu_micro.py, the full-size benchmarks, the other notebooks; those whose estimate fits run,
+ddp_scripts/measure/gpu_micro.py, the full-size benchmarks, the other notebooks; those whose estimate fits run,
 one at a time, into results/gpu-runs/<date>-<hardware>/ (with CUDA), and the next call continues.
 """
 import argparse
@@ -89,11 +89,11 @@ def candidate_steps(hardware, recordings):
             add_notebook(name)
     add("tests", "tests", "pytest -m gpu tests",
         [python, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-o", "addopts=", "-rs", "tests"])
-    add("micro", "micro", "ddp_scripts/gpu_micro.py",
-        [python, "-m", "ddp_scripts.gpu_micro", "--out", "{out}", "--commit", "{commit}"])
+    add("micro", "micro", "ddp_scripts/measure/gpu_micro.py",
+        [python, "-m", "ddp_scripts.measure.gpu_micro", "--out", "{out}", "--commit", "{commit}"])
     for name, options in BENCHMARKS.items():
         add(f"benchmark:{name}", "benchmark", "benchmark.py --size full " + " ".join(options),
-            [python, "ddp_scripts/benchmark.py", "--size", "full", *options, "--overwrite",
+            [python, "ddp_scripts/measure/benchmark.py", "--size", "full", *options, "--overwrite",
              "--dataset", "synthetic", "--out", f"{{out}}/{hardware['slug']}-{name}.json"])
     for name in names:
         if not stale[name]:

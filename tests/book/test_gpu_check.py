@@ -286,7 +286,7 @@ def test_a_step_that_started_on_a_busy_machine_is_labelled_so():
 
 def test_the_micro_measurement_is_a_one_line_error_without_cuda():
     # An empty CUDA_VISIBLE_DEVICES hides every GPU, so this runs on a GPU machine too.
-    result = subprocess.run([sys.executable, "-m", "ddp_scripts.gpu_micro", "--out", "unused"],
+    result = subprocess.run([sys.executable, "-m", "ddp_scripts.measure.gpu_micro", "--out", "unused"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
@@ -294,7 +294,7 @@ def test_the_micro_measurement_is_a_one_line_error_without_cuda():
 
 
 def test_the_micro_measurement_sets_gradients_to_none_before_capture():
-    source = (ROOT / "ddp_scripts" / "gpu_micro.py").read_text()
+    source = (ROOT / "ddp_scripts" / "measure" / "gpu_micro.py").read_text()
     capture = source[source.index("captured = torch.cuda.CUDAGraph()"):
                      source.index("with torch.cuda.graph(captured)")]
     assert "zero_grad(set_to_none=True)" in capture

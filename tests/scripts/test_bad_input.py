@@ -154,18 +154,18 @@ def test_the_other_scripts_check_their_numbers_too(tmp_path, script, option, val
 
 
 @pytest.mark.parametrize("script, arguments, fragment", [
-    ("benchmark.py", ["--epochs", "0"], "--epochs must be at least 1, got 0"),
-    ("benchmark.py", ["--timeout-s", "nan"], "--timeout-s must be a number of seconds above 0"),
-    ("benchmark.py", ["--cpu-processes", "-2"], "--cpu-processes must be at least 1, got -2"),
-    ("overhead_benchmark.py", ["--threads", "0"], "--threads must be at least 1, got 0"),
-    ("gpu_micro.py", ["--train-samples", "x"], "--train-samples must be a whole number, got 'x'"),
-    ("fsdp_anatomy.py", ["--width", "0"], "--width must be at least 1, got 0"),
-    ("ddp_anatomy.py", ["--samples", "0"], "--samples must be at least 1, got 0"),
-    ("old_launch_style.py", ["--rank", "0", "--world-size", "0", "--init-file", "unused-init"],
+    ("measure/benchmark.py", ["--epochs", "0"], "--epochs must be at least 1, got 0"),
+    ("measure/benchmark.py", ["--timeout-s", "nan"], "--timeout-s must be a number of seconds above 0"),
+    ("measure/benchmark.py", ["--cpu-processes", "-2"], "--cpu-processes must be at least 1, got -2"),
+    ("measure/overhead_benchmark.py", ["--threads", "0"], "--threads must be at least 1, got 0"),
+    ("measure/gpu_micro.py", ["--train-samples", "x"], "--train-samples must be a whole number, got 'x'"),
+    ("recorders/fsdp_anatomy.py", ["--width", "0"], "--width must be at least 1, got 0"),
+    ("recorders/ddp_anatomy.py", ["--samples", "0"], "--samples must be at least 1, got 0"),
+    ("recorders/old_launch_style.py", ["--rank", "0", "--world-size", "0", "--init-file", "unused-init"],
      "--world-size must be at least 1, got 0"),
 ])
 def test_the_book_s_other_programs_check_their_numbers_too(tmp_path, script, arguments, fragment):
-    takes_out = script != "old_launch_style.py"   # it joins a group by --init-file instead
+    takes_out = script != "recorders/old_launch_style.py"   # it joins a group by --init-file instead
     result = run_in_process(script, *arguments, *(["--out", tmp_path / "out"] if takes_out else []))
     assert_one_line_error(result, fragment)
     assert not (tmp_path / "out").exists()

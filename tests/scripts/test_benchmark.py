@@ -1,9 +1,9 @@
-"""The benchmark (ddp_scripts/benchmark.py): its plans, tables and refusals. Its runs end to end
+"""The benchmark (ddp_scripts/measure/benchmark.py): its plans, tables and refusals. Its runs end to end
 are checked in the runs chapters 7 and 10 make (tests/site/test_benchmark_runs.py)."""
 import pytest
 import torch
 
-from ddp_scripts.benchmark import (CONFIGS, command_for, load_results, parse_configs, plan_runs,
+from ddp_scripts.measure.benchmark import (CONFIGS, command_for, load_results, parse_configs, plan_runs,
                                    readable, results_table, settings_for)
 from ddp_scripts.cli import UsageError
 from ddp_scripts.hardware import (_first_line, hardware_label, parse_topology,
@@ -15,9 +15,9 @@ NO_GPU = not torch.cuda.is_available()
 
 
 def benchmark(*args):
-    """`python ddp_scripts/benchmark.py ARGS`, run inside this process (helpers.run_in_process:
+    """`python ddp_scripts/measure/benchmark.py ARGS`, run inside this process (helpers.run_in_process:
     the same exit status and output, without a new process's torch import)."""
-    return run_in_process("benchmark.py", *args)
+    return run_in_process("measure/benchmark.py", *args)
 
 
 def test_an_existing_results_file_is_not_overwritten(tmp_path):
@@ -175,7 +175,7 @@ def test_table_computes_speed_ups_and_efficiency():
 def test_a_loaded_machine_is_labelled_unreliable():
     """The artefact seen once in chapter 7: a CPU run slowed by other work, one steady epoch
     at 193 samples/s, made DDP look 20x faster. Its repeats disagree, and it is labelled."""
-    from ddp_scripts.benchmark import RELIABLE_SPREAD, summarise_repeats
+    from ddp_scripts.measure.benchmark import RELIABLE_SPREAD, summarise_repeats
     run = {"train_samples": 1024, "repeats": [
         {"wall_s": 9.0, "startup_s": 5.0, "train_s": 3.0, "total_s": 8.5,
          "epoch_time_s": [1.0, 5.3, 0.5], "warmup_epochs": 1,

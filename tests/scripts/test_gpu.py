@@ -61,7 +61,7 @@ def test_ddp_one_process_per_gpu_over_nccl(tmp_path):
 
 @one_gpu
 def test_benchmark_measures_the_gpu_row(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPTS / "benchmark.py"), "--configs", "cpu,gpu",
+    done = subprocess.run([sys.executable, str(SCRIPTS / "measure" / "benchmark.py"), "--configs", "cpu,gpu",
                            "--out", tmp_path / "b.json", "--runs-dir", tmp_path / "runs"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from helpers import assert_one_line_error, run_one_rank
 
 from ddp_scripts.launcher import run_command, torchrun_command
-from ddp_scripts.memory_plan import PARTS, chunk_rows, peak_agrees, peak_plan, plan
+from ddp_scripts.recorders.memory_plan import PARTS, chunk_rows, peak_agrees, peak_plan, plan
 from ddp_scripts.sharding import WideMLP
 
 RANKS, WIDTH, DEPTH, BATCH = 3, 64, 2, 6
@@ -21,7 +21,7 @@ RANKS, WIDTH, DEPTH, BATCH = 3, 64, 2, 6
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("memory")
-    run_command(torchrun_command("memory_run.py", RANKS, [
+    run_command(torchrun_command("recorders/memory_run.py", RANKS, [
         "--out", str(out), "--width", str(WIDTH), "--depth", str(DEPTH),
         "--global-batch-size", str(BATCH), "--dtype", "float64"]),
         timeout=300, echo=lambda line: None)
@@ -153,5 +153,5 @@ def test_the_calculator_refuses_what_it_cannot_plan():
 
 
 def test_memory_run_says_what_is_wrong_in_one_line():
-    assert_one_line_error(run_one_rank("memory_run.py", "--out", "x", "--dtype", "int8"),
+    assert_one_line_error(run_one_rank("recorders/memory_run.py", "--out", "x", "--dtype", "int8"),
                           "--dtype")

@@ -21,7 +21,8 @@ import pytest
 import torch
 from torch.distributed.checkpoint import CheckpointException
 
-from ddp_scripts import benchmark, checkpoints, fsdp_out
+from ddp_scripts import checkpoints, fsdp_out
+from ddp_scripts.measure import benchmark
 from ddp_scripts.checkpoints import prepare_out_dir, start_out_dir, write_atomically
 from ddp_scripts.cli import NothingToDo, UsageError
 from ddp_scripts.launcher import LaunchError, failure, run_command, run_script, torchrun_command
@@ -372,7 +373,7 @@ time.sleep(60)
 
 def test_the_benchmark_checks_its_out_before_anything_runs(tmp_path):
     (tmp_path / "afile").write_text("")
-    done = run_in_process("benchmark.py", "--configs", "cpu", "--repeats", "1", "--epochs", "1",
+    done = run_in_process("measure/benchmark.py", "--configs", "cpu", "--repeats", "1", "--epochs", "1",
                           "--out", tmp_path / "afile" / "results.json",
                           "--runs-dir", tmp_path / "runs")
     assert_one_line_error(done, "--out", "cannot be written: Not a directory")

@@ -376,7 +376,7 @@ def test_ddp_on_two_gpus_with_every_lever(tmp_path):
 # The benchmark's tuned rows (benchmark.py --tuned)
 # ---------------------------------------------------------------------------------------
 def tuned_plan(gpu_count, model="cnn", bf16=True):
-    from ddp_scripts.benchmark import CONFIGS, plan_runs, settings_for
+    from ddp_scripts.measure.benchmark import CONFIGS, plan_runs, settings_for
     settings = settings_for("smoke", model=model)
     runs = plan_runs(CONFIGS, settings, gpu_count, "runs/b", gpu_names=["NVIDIA H200"] * gpu_count,
                      tuned=True, cpu_best={"threads": 2, "batch_size": 256}, bf16=bf16)
@@ -384,7 +384,7 @@ def tuned_plan(gpu_count, model="cnn", bf16=True):
 
 
 def test_tuned_plan_puts_each_tuned_row_beside_its_plain_one():
-    from ddp_scripts.benchmark import ROW_ORDER
+    from ddp_scripts.measure.benchmark import ROW_ORDER
     assert list(tuned_plan(2)) == list(ROW_ORDER)
     for config, run in tuned_plan(2).items():
         assert run.get("tuned", False) == config.endswith("-tuned")
@@ -429,7 +429,7 @@ def test_tuned_rows_are_skipped_with_the_plain_rows_reason():
 
 
 def test_table_shows_tuned_rows_beside_plain_ones_with_their_speed_ups():
-    from ddp_scripts.benchmark import results_table
+    from ddp_scripts.measure.benchmark import results_table
 
     def measured(config, gpus, epoch_s):
         return {"config": config, "status": "measured", "description": config, "processes": 1,

@@ -1,4 +1,4 @@
-"""ddp_scripts/step_parts.py: the parts of a step add up to the measured step, the remainder is
+"""ddp_scripts/recorders/step_parts.py: the parts of a step add up to the measured step, the remainder is
 what the timed phases leave of it, the all-reduce is timed inside backward and split into its
 hidden and exposed shares, the benchmark's ratio is put together from the parts, the part that
 grew is the one the numbers say, and bad options are one line and exit status 2."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddp_scripts.launcher import run_command, torchrun_command
-from ddp_scripts.step_parts import (PARTS, PHASES, REMAINDER, breakdown, communication,
+from ddp_scripts.recorders.step_parts import (PARTS, PHASES, REMAINDER, breakdown, communication,
                                     part_that_grew, ratio_from_parts)
 from helpers import assert_one_line_error, run_in_process
 
@@ -30,7 +30,7 @@ def check_adds_up(case):
 
 
 def test_one_process_parts_add_up_to_the_step(tmp_path):
-    result = run_in_process("step_parts.py", *QUICK, "--threads", "1", "--out",
+    result = run_in_process("recorders/step_parts.py", *QUICK, "--threads", "1", "--out",
                             tmp_path / "one.json")
     assert result.returncode == 0, result.stderr
     run = json.loads((tmp_path / "one.json").read_text())
@@ -45,7 +45,7 @@ def test_one_process_parts_add_up_to_the_step(tmp_path):
 
 def test_two_processes_time_the_all_reduce_inside_backward(tmp_path):
     out = tmp_path / "two.json"
-    run_command(torchrun_command("step_parts.py", 2, [*QUICK, "--out", str(out)]),
+    run_command(torchrun_command("recorders/step_parts.py", 2, [*QUICK, "--out", str(out)]),
                 timeout=300, progress=False, echo=lambda line: None)
     run = json.loads(out.read_text())
     assert run["processes"] == 2
@@ -72,7 +72,7 @@ def test_two_processes_on_two_gpus(tmp_path):
     # Each rank on its own GPU: init_process_group sets the device before the group's first
     # collective, which stages its bytes on the current device.
     out = tmp_path / "two.json"
-    run_command(torchrun_command("step_parts.py", 2, [*QUICK, "--device", "cuda", "--out",
+    run_command(torchrun_command("recorders/step_parts.py", 2, [*QUICK, "--device", "cuda", "--out",
                                                       str(out)]),
                 timeout=300, progress=False, echo=lambda line: None)
     run = json.loads(out.read_text())
@@ -126,6 +126,6 @@ def test_the_part_that_grew_is_named_from_the_numbers():
 def test_bad_options_are_one_line_and_exit_2(tmp_path, args, fragment):
     if args:
         args = [*args, "--out", tmp_path / "x.json"]
-    result = run_in_process("step_parts.py", *args)
+    result = run_in_process("recorders/step_parts.py", *args)
     assert_one_line_error(result, fragment)
     assert not (tmp_path / "x.json").exists()

@@ -1,11 +1,11 @@
-"""The benchmark (ddp_scripts/benchmark.py) end to end, in the runs chapters 7 and 10 made when
+"""The benchmark (ddp_scripts/measure/benchmark.py) end to end, in the runs chapters 7 and 10 made when
 the book was built (_build/src/runs): chapter 7's smoke benchmark of every configuration, and
 chapter 10's with --tuned. Nothing here compares a speed with a threshold."""
 import pytest
 import torch
 
 from book_files import built_run
-from ddp_scripts.benchmark import CONFIGS, load_results, results_table
+from ddp_scripts.measure.benchmark import CONFIGS, load_results, results_table
 from ddp_scripts.runfiles import SUMMARY
 
 NO_GPU = not torch.cuda.is_available()

@@ -219,7 +219,7 @@ def test_the_memory_calculator_equals_what_every_rank_held():
 def test_every_ranks_predicted_peak_is_the_one_torchs_tracker_saw():
     """Chapter 11's peaks: memory_plan.peak_plan's, for every strategy and rank, within its
     tolerance of MemTracker's and FSDPMemTracker's, as the chapter prints them."""
-    from ddp_scripts.memory_plan import PEAK_STRATEGIES, peak_agrees, peak_plan
+    from ddp_scripts.recorders.memory_plan import PEAK_STRATEGIES, peak_agrees, peak_plan
     from notebooks.fsdp_memory import plan_for, read_peaks, read_run
     _, settings = read_run(built_run("ch11-memory") / "memory.jsonl")
     tracked = read_peaks(built_run("ch11-memory") / "peaks.jsonl")

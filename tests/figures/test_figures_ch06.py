@@ -1,4 +1,4 @@
-"""Chapter 6's figures, fed a two-node rehearsal of ddp_scripts/who_am_i.py on this machine:
+"""Chapter 6's figures, fed a two-node rehearsal of ddp_scripts/recorders/who_am_i.py on this machine:
 what they draw is what the workers wrote."""
 import os
 import subprocess
@@ -69,7 +69,7 @@ def test_the_rendezvous_figure_draws_each_worker_s_moments(workers):
 def test_who_am_i_outside_torchrun_is_one_line_and_a_non_zero_exit(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "GROUP_RANK")}
     child = subprocess.run([node_figures.sys.executable,
-                            str(node_figures.ROOT / "ddp_scripts" / "who_am_i.py"),
+                            str(node_figures.ROOT / "ddp_scripts" / "recorders" / "who_am_i.py"),
                             "--out", str(tmp_path)], env=env, capture_output=True, text=True,
                            timeout=300)
     assert child.returncode == 2

@@ -1,5 +1,5 @@
 """The figure module (notebooks/figures.py): what each drawing function draws is the data it
-was given. The chapters' figures, fed their runs' data: tests/book/test_figures_*.py."""
+was given. The chapters' figures, fed their runs' data: tests/figures/test_figures_*.py."""
 import matplotlib
 
 matplotlib.use("Agg")
@@ -60,7 +60,7 @@ def test_code_is_shown_as_a_fenced_block_the_page_highlights(monkeypatch):
 
 
 def test_the_parts_of_a_step_take_their_kinds_colours():
-    from ddp_scripts.step_parts import PARTS, REMAINDER
+    from ddp_scripts.recorders.step_parts import PARTS, REMAINDER
     kinds = {"data wait": "data", "copy to device": "copy", "forward": "forward",
              "backward compute": "backward", "communication not hidden": "communication",
              "optimizer": "optimizer", REMAINDER: "other"}

@@ -1,6 +1,6 @@
 """One training step under DDP, ZeRO-1 and FSDP: the bytes each rank holds, measured.
 
-    torchrun --standalone --nproc_per_node 4 ddp_scripts/memory_run.py --out runs/ch11-memory
+    torchrun --standalone --nproc_per_node 4 ddp_scripts/recorders/memory_run.py --out runs/ch11-memory
 
 Chapter 11 starts it, to set memory_plan.py's predictions beside what the ranks hold. The wide
 MLP takes one SGD step with momentum, one process alone (rank 0, the whole global batch),
@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 
 if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist

@@ -10,8 +10,8 @@ matplotlib.use("Agg")
 
 import pytest
 
-from ddp_scripts import benchmark
-from ddp_scripts.step_parts import PARTS, REMAINDER, part_that_grew, ratio_from_parts
+from ddp_scripts.measure import benchmark
+from ddp_scripts.recorders.step_parts import PARTS, REMAINDER, part_that_grew, ratio_from_parts
 from helpers import run_in_process
 from notebooks import ch07_figures
 from notebooks.figures import new_figure
@@ -32,9 +32,9 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("parts")
     for name, options in (("all-cores", [*QUICK, "--threads", "all"]),
                           ("ddp-threads", [*QUICK[:-1], "batch 8", "--threads", "1"])):
-        result = run_in_process("step_parts.py", *options, "--out", folder / f"{name}.json")
+        result = run_in_process("recorders/step_parts.py", *options, "--out", folder / f"{name}.json")
         assert result.returncode == 0, result.stderr
-    run_command(torchrun_command("step_parts.py", 2, [*QUICK, "--threads", "1", "--out",
+    run_command(torchrun_command("recorders/step_parts.py", 2, [*QUICK, "--threads", "1", "--out",
                                                       str(folder / "two-processes.json")]),
                 timeout=300, progress=False, echo=lambda line: None)
     return {name: json.loads((folder / f"{name}.json").read_text())

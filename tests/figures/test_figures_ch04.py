@@ -23,6 +23,7 @@ def test_the_pieces_are_tensor_chunk_s_with_none_for_devices_past_the_last(batch
     assert len(pieces) == devices and sum(pieces) == batch
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(GPUS < 2, reason="comm.scatter needs two or more CUDA GPUs")
 def test_the_pieces_are_what_torch_s_scatter_puts_on_each_gpu():
     from torch.nn.parallel import comm
@@ -90,6 +91,7 @@ def test_only_the_first_device_holds_gradients_momentum_and_the_gathered_outputs
             (part, size / dp_figures.MIB) for part, size in parts.items()]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(GPUS < 2, reason="measured peaks need two or more CUDA GPUs")
 def test_the_first_gpu_s_measured_peak_is_the_largest():
     peaks = dp_figures.measured_peaks("cnn", 64 * GPUS, GPUS)

@@ -1,4 +1,4 @@
-"""What the figure tests (tests/book/test_figures*.py) share: figures of the book's figure
+"""What the figure tests (tests/figures/test_figures*.py) share: figures of the book's figure
 module, drawn off screen and closed after each test."""
 import matplotlib
 

@@ -1,7 +1,7 @@
 """Each worker of a torchrun job writes down who it is: one JSON file per global rank.
 
     torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --master-addr 127.0.0.1 \\
-             --master-port 29500 ddp_scripts/who_am_i.py --out runs/who
+             --master-port 29500 ddp_scripts/recorders/who_am_i.py --out runs/who
 
 It records the variables torchrun gave it (RANK, LOCAL_RANK, GROUP_RANK: the node rank,
 WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), its host name, and three moments:
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import psutil
 import torch

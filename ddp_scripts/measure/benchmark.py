@@ -1,9 +1,9 @@
 """Time the same training on the CPU, one GPU, DataParallel and DDP; write one results file.
 
-    python ddp_scripts/benchmark.py --size smoke --out runs/benchmark.json     # seconds
-    python ddp_scripts/benchmark.py --size full --out results/my-lab.json      # minutes on a GPU
-    python ddp_scripts/benchmark.py --configs cpu,ddp --epochs 3 --out runs/b.json
-    python ddp_scripts/benchmark.py --size full --tuned --out results/my-lab-tuned.json
+    python ddp_scripts/measure/benchmark.py --size smoke --out runs/benchmark.json     # seconds
+    python ddp_scripts/measure/benchmark.py --size full --out results/my-lab.json      # minutes on a GPU
+    python ddp_scripts/measure/benchmark.py --configs cpu,ddp --epochs 3 --out runs/b.json
+    python ddp_scripts/measure/benchmark.py --size full --tuned --out results/my-lab-tuned.json
 
 Every configuration trains the same model on the same data for the same epochs with the
 same global batch (DDP with N processes: --batch-size global/N per process). Each one is a
@@ -43,18 +43,17 @@ import time
 from pathlib import Path
 
 if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from ddp_scripts.checkpoints import write_atomically
 from ddp_scripts.cli import UsageError, cannot_write, first_line, run_cli
 from ddp_scripts.cifar10 import cifar10_tensors
 from ddp_scripts.hardware import describe_hardware
-from ddp_scripts.launcher import LaunchError, as_cli, read_metrics, run_command, torchrun_command
+from ddp_scripts.launcher import (ROOT, SCRIPTS, LaunchError, as_cli, read_metrics, repository_relative,
+                                  run_command, torchrun_command)
 from ddp_scripts.options import ArgumentParser, check_at_least_one, count, seconds, seed_number
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY
 
-SCRIPTS = Path(__file__).resolve().parent
-ROOT = SCRIPTS.parent
 CONFIGS = ("cpu", "gpu", "dp", "ddp")
 TUNED = ("cpu-tuned", "gpu-tuned", "ddp-tuned")  # --tuned: each runs after its plain row
 ROW_ORDER = ("cpu", "cpu-tuned", "gpu", "gpu-tuned", "dp", "ddp", "ddp-tuned")
@@ -252,17 +251,7 @@ def readable(command):
         words.insert(1, "--standalone")
     else:
         words[0] = "python"
-    return shlex.join(_relative(word) for word in words)
-
-
-def _relative(word):
-    """An absolute path inside the repository, relative to it; anything else unchanged."""
-    if not Path(word).is_absolute():
-        return word
-    try:
-        return str(Path(word).resolve().relative_to(ROOT.resolve()))
-    except (ValueError, OSError):
-        return word
+    return shlex.join(repository_relative(word) for word in words)
 
 
 # ---------------------------------------------------------------------------------------
@@ -283,7 +272,7 @@ def measure(run, overwrite, timeout_s, echo=print):
     warmup = 1 if len(epoch_times) > 1 else 0  # the first epoch pays for one-off costs
     last = metrics.iloc[-1]
     run["repeats"].append({
-        "out": _relative(str(out)), "wall_s": wall_s, "startup_s": summary["startup_s"],
+        "out": repository_relative(str(out)), "wall_s": wall_s, "startup_s": summary["startup_s"],
         "train_s": summary["train_s"], "total_s": summary["total_s"],
         "epoch_time_s": epoch_times, "warmup_epochs": warmup,
         "steady_samples_per_s": [int(last["train_samples"]) / t for t in epoch_times[warmup:]],
@@ -328,7 +317,7 @@ def prepare_data(settings, echo=print):
         return None
     except Exception as error:  # offline, or a broken download
         reason = first_line(error)
-        note = (f"CIFAR-10 could not be loaded from {_relative(settings['data_dir'])} "
+        note = (f"CIFAR-10 could not be loaded from {repository_relative(settings['data_dir'])} "
                 f"({reason}); every configuration uses the synthetic CIFAR-shaped data set of "
                 "the same size instead")
         echo(f"[benchmark] {note}")
@@ -361,12 +350,12 @@ def run_benchmark(configs, settings, out, runs_dir, overwrite=False, cpu_process
             "finished": finished,
             "size": settings["size"], "data_note": data_note, "reliable_spread": RELIABLE_SPREAD,
             "changed_from_size": changed,
-            "settings": {**settings, "data_dir": _relative(settings["data_dir"])},
+            "settings": {**settings, "data_dir": repository_relative(settings["data_dir"])},
             "tuned": tuned, "cpu_probe": cpu_best,
             "hardware": {**machine, "load_average_before": load_before,
                          "load_average_after": _load_average()},
             "runs": [{"status": "not run yet", **{k: v for k, v in run.items() if k != "options"},
-                      "out": _relative(run["out"]),
+                      "out": repository_relative(run["out"]),
                       **({"levers": _levers(run["options"])} if run.get("tuned") else {})}
                      for run in runs],
         }

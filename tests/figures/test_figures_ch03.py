@@ -34,7 +34,7 @@ def test_each_child_s_gpus_are_drawn_in_the_row_of_the_same_physical_gpu():
 def test_each_local_rank_is_drawn_with_the_device_its_worker_recorded(tmp_path):
     from ddp_scripts.launcher import run_command, torchrun_command
     from notebooks.node_figures import read_workers
-    command = torchrun_command("who_am_i.py", nproc=2, script_args=["--out", str(tmp_path)])
+    command = torchrun_command("recorders/who_am_i.py", nproc=2, script_args=["--out", str(tmp_path)])
     run_command(command, env={"CUDA_VISIBLE_DEVICES": "2,3"}, timeout=300, echo=lambda line: None)
     workers = read_workers(tmp_path)
     assert [w["LOCAL_RANK"] for w in workers] == ["0", "1"]

@@ -1,4 +1,4 @@
-"""Chapter 5's figures, fed one run of ddp_scripts/ddp_anatomy.py on 4 gloo CPU ranks: what each
+"""Chapter 5's figures, fed one run of ddp_scripts/recorders/ddp_anatomy.py on 4 gloo CPU ranks: what each
 drawing shows is what the ranks recorded, and the simulated ring ends where the all-reduce did."""
 import matplotlib
 
@@ -16,7 +16,7 @@ WORLD = 4
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ch05-anatomy")
-    run_command(torchrun_command("ddp_anatomy.py", WORLD, ["--out", str(out)]),
+    run_command(torchrun_command("recorders/ddp_anatomy.py", WORLD, ["--out", str(out)]),
                 env={"OMP_NUM_THREADS": "1"}, echo=lambda line: None)
     return ddp_figures.load_anatomy(out)
 

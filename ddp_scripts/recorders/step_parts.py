@@ -1,7 +1,7 @@
 """A training step taken apart: where the time of one step goes, in one process or in N.
 
-    python ddp_scripts/step_parts.py --out runs/parts-1.json
-    torchrun --standalone --nproc-per-node 2 ddp_scripts/step_parts.py --out runs/parts-2.json
+    python ddp_scripts/recorders/step_parts.py --out runs/parts-1.json
+    torchrun --standalone --nproc-per-node 2 ddp_scripts/recorders/step_parts.py --out runs/parts-2.json
 
 Each step is timed phase by phase, after a synchronize (a no-op on the CPU) so that a phase's
 clock includes its GPU work: waiting for the data, copying it to the device, forward, backward,
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist

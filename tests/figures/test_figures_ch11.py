@@ -1,4 +1,4 @@
-"""Chapter 11's figures and tables, fed a run of ddp_scripts/memory_run.py on 3 gloo ranks (run
+"""Chapter 11's figures and tables, fed a run of ddp_scripts/recorders/memory_run.py on 3 gloo ranks (run
 as the chapter runs it, smaller): what they draw is what the calculator predicted and what the
 run measured."""
 import matplotlib
@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from ddp_scripts.launcher import run_command, torchrun_command
-from ddp_scripts.memory_plan import PARTS, PEAK_STRATEGIES, peak_plan
+from ddp_scripts.recorders.memory_plan import PARTS, PEAK_STRATEGIES, peak_plan
 from notebooks.figures import new_figure
 from notebooks.fsdp_memory import (PEAK_COLUMNS, calculator_cases, calculator_form,
                                    calculator_table, draw_collectives,
@@ -20,7 +20,7 @@ from notebooks.fsdp_memory import (PEAK_COLUMNS, calculator_cases, calculator_fo
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ch11-memory")
-    run_command(torchrun_command("memory_run.py", 3, [
+    run_command(torchrun_command("recorders/memory_run.py", 3, [
         "--out", str(out), "--width", "64", "--depth", "2", "--global-batch-size", "6"]),
         timeout=300, echo=lambda line: None)
     measured, settings = read_run(out / "memory.jsonl")

@@ -1,6 +1,6 @@
 """One training step of the wide MLP, taken apart: what each rank holds, gathers, frees and sends.
 
-    torchrun --standalone --nproc_per_node 2 ddp_scripts/fsdp_anatomy.py --out runs/ch11-anatomy
+    torchrun --standalone --nproc_per_node 2 ddp_scripts/recorders/fsdp_anatomy.py --out runs/ch11-anatomy
 
 Chapter 11 starts it. For each way of spreading the model over the ranks,
 
@@ -35,7 +35,7 @@ import types
 from pathlib import Path
 
 if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist

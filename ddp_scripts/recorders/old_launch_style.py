@@ -4,8 +4,8 @@ The article parses --local_rank with argparse and calls init_process_group with
 init_method='file://...', a rank and a world size it passes itself. No launcher is needed
 for that: start one process per rank, by hand, from a script, or with SLURM's srun:
 
-    python ddp_scripts/old_launch_style.py --rank 0 --world-size 2 --init-file /tmp/pg &
-    python ddp_scripts/old_launch_style.py --rank 1 --world-size 2 --init-file /tmp/pg
+    python ddp_scripts/recorders/old_launch_style.py --rank 0 --world-size 2 --init-file /tmp/pg &
+    python ddp_scripts/recorders/old_launch_style.py --rank 1 --world-size 2 --init-file /tmp/pg
 
 Every process adds up (rank + 1) over the group with all_reduce and prints the sum, which is
 world_size * (world_size + 1) / 2 when all of them joined. The init file must not exist
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist

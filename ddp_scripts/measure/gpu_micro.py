@@ -1,7 +1,7 @@
 """Where the GPU time goes for the book's CNN and ResNet-18: the scripts' data path, data kept on
 the GPU, and a CUDA-graph replay of the same training step (its kernels without launch overhead).
 
-    python -m ddp_scripts.gpu_micro --out FOLDER     # FOLDER/micro.txt and FOLDER/micro.json
+    python -m ddp_scripts.measure.gpu_micro --out FOLDER     # FOLDER/micro.txt and FOLDER/micro.json
 
 Run by `make gpu-check` (book/tools/gpu_check.py), which records it with the notebooks; it needs
 a CUDA GPU and says so in one line elsewhere. Every row trains for real: SGD with momentum on
@@ -181,7 +181,7 @@ def main(argv=None):
                 "path, data kept on the GPU, and a CUDA-graph replay of the same training step "
                 "(gradients set to None before capture); float32 without TF32 and without "
                 "cuDNN autotuning, as the scripts run",
-        "file": "micro.txt", "made_by": "ddp_scripts/gpu_micro.py", "commit": args.commit,
+        "file": "micro.txt", "made_by": "ddp_scripts/measure/gpu_micro.py", "commit": args.commit,
         "created": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "train_samples": args.train_samples, "hardware": machine["label"],
         "cores": os.cpu_count(), "load_average_before": before, "load_average_after": after,

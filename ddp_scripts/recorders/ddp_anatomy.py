@@ -1,6 +1,6 @@
 """What each rank of a DDP job is, receives, computes and sends: the data of chapter 5's figures.
 
-    torchrun --standalone --nproc_per_node 4 ddp_scripts/ddp_anatomy.py --out runs/ch05-anatomy
+    torchrun --standalone --nproc_per_node 4 ddp_scripts/recorders/ddp_anatomy.py --out runs/ch05-anatomy
 
 Each rank records, on the CPU over gloo,
 
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist

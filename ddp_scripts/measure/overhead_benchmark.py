@@ -1,6 +1,6 @@
 """How much do the companion scripts and the launcher cost, against bare PyTorch?
 
-    python -m ddp_scripts.overhead_benchmark --out results/overhead/<machine>.json
+    python -m ddp_scripts.measure.overhead_benchmark --out results/overhead/<machine>.json
 
 1. Training speed, at each batch size asked for: the samples/s of
    - a bare loop: the same CNN, batch, tensors and shuffle; no DataLoader, no logging;
@@ -72,7 +72,7 @@ def bare_loop_samples_per_s(samples, batch_size, threads, epochs, wrap_in_ddp=Fa
 
 
 def bare_loop_in_a_new_process(samples, batch_size, threads, epochs, wrap_in_ddp=False):
-    command = [sys.executable, "-m", "ddp_scripts.overhead_benchmark", "--bare-loop", "--out", "-",
+    command = [sys.executable, "-m", "ddp_scripts.measure.overhead_benchmark", "--bare-loop", "--out", "-",
                "--samples", str(samples), "--batch-sizes", str(batch_size), "--threads", str(threads),
                "--epochs", str(epochs), *(["--ddp"] if wrap_in_ddp else [])]
     return float(run_command(command, timeout=600, echo=lambda line: None)[-1])

@@ -1,6 +1,6 @@
 """Memory per rank, predicted: what each rank holds after a step, and its peak during one.
 
-    from ddp_scripts.memory_plan import peak_plan, plan
+    from ddp_scripts.recorders.memory_plan import peak_plan, plan
     held = plan(WideMLP(256, 4), batch=32, ranks=4, dtype=torch.float64, units=model.blocks)
     peak = peak_plan(WideMLP(256, 4), 32, 4, torch.float64, units=model.blocks)
 

@@ -1,0 +1,4 @@
+"""The measurement tools: the benchmark of chapters 7 and 10 (`benchmark.py`), the scripts'
+overhead against a bare PyTorch loop (`overhead_benchmark.py`), and the GPU micro-measurements
+`make gpu-check` runs (`gpu_micro.py`). Each writes a results file under results/.
+"""
