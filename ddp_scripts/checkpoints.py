@@ -2,10 +2,12 @@
 
 prepare_out_dir claims OUT before any work starts (no other run may write there meanwhile),
 and start_out_dir sets it up. After each epoch, save_epoch logs the epoch and saves the
-checkpoint that covers it; resume_from loads that checkpoint into a new run, which must
-train as the saved one did. The files' names are in runfiles.py.
+checkpoint that covers it, unless the loss stopped being finite (stop_if_loss_not_finite);
+resume_from loads that checkpoint into a new run, which must train as the saved one did.
+The files' names are in runfiles.py.
 """
 import json
+import math
 import os
 from pathlib import Path
 
@@ -217,6 +219,25 @@ def epoch_record(epoch, train_totals, test_totals, epoch_time_s, **context):
             "train_samples": int(train_seen),
             "test_samples": int(test_seen),
             **context}
+
+
+def stop_if_loss_not_finite(train_totals, epoch):
+    """After an epoch's training, before anything of it is saved: if the loss became nan or
+    inf, stop the run (on every rank), in one line that names the epoch and the step; the
+    checkpoint of the last good epoch stays.
+
+    train_one_epoch's totals, on the device: (sum of losses, samples, steps before that sum
+    stopped being finite). The CPU reads one number per epoch, not the loss at every step.
+    Under DDP the ranks agree on the earliest bad step (one all_reduce of one number)."""
+    first_bad_step = (train_totals[2] + 1).where(~train_totals[0].isfinite(), math.inf)
+    first_bad_step = first_bad_step.reshape(1)
+    if dist.is_initialized():
+        dist.all_reduce(first_bad_step, op=dist.ReduceOp.MIN)
+    step = first_bad_step.item()
+    if math.isfinite(step):
+        raise RunStopped(f"the loss became nan or inf at epoch {epoch}, step {step:.0f}: lower "
+                         f"--lr (nothing of epoch {epoch} was saved: the checkpoint, if there "
+                         "is one, holds the epoch before)")
 
 
 def save_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_time_s, context):

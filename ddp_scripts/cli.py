@@ -7,7 +7,6 @@ exit status 0. say() prints one line, tagged with the process's rank.
 import os
 import sys
 
-from ddp_scripts.runfiles import write_error_file
 
 
 class UsageError(Exception):
@@ -48,18 +47,14 @@ FAST_EXIT = "DDP_SCRIPTS_FAST_EXIT"
 def run_cli(main):
     """Call `main()` as a script's entry point, and end the process.
 
-    Bad input (UsageError) is one line on stderr and exit status 2; a run that had to stop
-    (RunStopped) is one line and exit status 1; any other exception is Python's traceback and
-    exit status 1. Either way the error also goes, as JSON, to the error file torchrun gives
-    each worker (ddp_scripts/runfiles.py), where torchrun and the launcher read which rank
-    failed and why. A run that succeeds returns, and Python exits as usual.
+    Bad input (UsageError): one line on stderr, exit status 2; a run that had to stop
+    (RunStopped): one line, status 1; any other exception: Python's traceback, status 1. The
+    error also goes to torchrun's error file for this worker (runfiles.py), where torchrun
+    and the launcher read which rank failed and why.
 
-    With DDP_SCRIPTS_FAST_EXIT=1 it ends with os._exit(0) instead, once its output is
-    flushed: that saves the time Python spends on its way out (it frees, one by one, the
-    objects importing torch made), which adds up over the many short runs of the book's
-    build. It also skips atexit handlers, the flushing of files left open and the wait for
-    other threads: a logger you add would lose its last lines. So only the book's own
-    launcher and tests set it; leave it unset for your own runs.
+    With DDP_SCRIPTS_FAST_EXIT=1, a run that succeeds ends with os._exit(0): it skips Python's
+    slow way out after importing torch, but also atexit handlers and unflushed files, so only
+    the book's launcher and tests set it; leave it unset for your own runs.
     """
     rank = os.environ.get("RANK")  # checked by ranks.require_torchrun, if the script needs it
     rank = int(rank) if rank and rank.isdigit() else None
@@ -95,6 +90,7 @@ def run_cli(main):
 def _write_error_file(error, **details):
     """write_error_file, which must not turn one error into another: a log folder removed or
     full while the run went on loses the error file, not the error's line or exit status."""
+    from ddp_scripts.runfiles import write_error_file  # for torchrun and the launcher, on failure
     try:
         write_error_file(error, **details)
     except OSError:

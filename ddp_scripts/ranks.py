@@ -2,14 +2,13 @@
 without a process group, so that train_single.py can call the same functions.
 """
 import datetime
-import math
 import os
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ddp_scripts.cli import NothingToDo, RunStopped, UsageError
+from ddp_scripts.cli import NothingToDo, UsageError
 
 
 def backend_for(device):
@@ -110,27 +109,6 @@ def agree_on_data_source(source, data_dir):
         raise UsageError(f"the ranks loaded different data: rank 0 {sources[0]!r}, ranks {odd} "
                          f"{sources[odd[0]]!r}; put CIFAR-10 in {data_dir!r} on every node "
                          "(or use a shared file system), or pass --dataset synthetic")
-
-
-def stop_if_loss_not_finite(train_totals, epoch):
-    """After an epoch's training, before anything of it is saved: if the loss became nan or
-    inf, stop the run on every rank, with one line that names the epoch and the step.
-
-    train_one_epoch keeps its totals on the device: (sum of losses, samples, steps before
-    that sum stopped being finite). A check at every step would need the CPU to read the
-    loss (.item()), and wait for the GPU, at every step; here the device counts the steps
-    and the CPU reads one number per epoch. The epoch runs to its end, and the checkpoint
-    of the last good epoch stays. The ranks' losses differ (each its own batches), so they
-    agree on the earliest step over all ranks: one all_reduce of one number per epoch."""
-    first_bad_step = (train_totals[2] + 1).where(~train_totals[0].isfinite(), math.inf)
-    first_bad_step = first_bad_step.reshape(1)
-    if dist.is_initialized():
-        dist.all_reduce(first_bad_step, op=dist.ReduceOp.MIN)
-    step = first_bad_step.item()
-    if math.isfinite(step):
-        raise RunStopped(f"the loss became nan or inf at epoch {epoch}, step {step:.0f}: lower "
-                         f"--lr (nothing of epoch {epoch} was saved: the checkpoint, if there "
-                         "is one, holds the epoch before)")
 
 
 def reduce_sum(totals):

@@ -5,35 +5,59 @@ import json
 import time
 from pathlib import Path
 
+import psutil
 import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
 
 from ddp_scripts.checkpoints import write_atomically
 from ddp_scripts.devices import say_device
-from ddp_scripts.hardware import describe_hardware
 from ddp_scripts.runfiles import SUMMARY
 
 
-def run_context(args, device, strategy, threads, data_source, world_size=1, gpus=None, **levers):
+def strategy_of(model):
+    """How the model is spread, read from its class: "dp", "ddp", "fsdp" or "single"."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper (train_fast.py --compile)
+    if isinstance(model, nn.DataParallel):
+        return "dp"
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return "ddp"
+    return "fsdp" if isinstance(model, FSDPModule) else "single"
+
+
+def run_context(args, device, model, threads, data_source, **levers):
     """What every line of metrics.jsonl records about how the run was made; `levers`: the
     options of chapter 10 (train_fast.py, speed.lever_settings). Rank 0 also says, once, on
     which device the run trains."""
-    if gpus is None:
-        gpus = world_size if device.type == "cuda" else 0
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    gpus = world_size if device.type == "cuda" else 0
+    if isinstance(model, nn.DataParallel):
+        gpus = len(model.device_ids)
     say_device(device, args.device, world_size, gpus)
     return {"world_size": world_size, "device": str(device),
             "backend": dist.get_backend() if dist.is_initialized() else None,
-            "strategy": strategy, "gpus": gpus, "threads": threads,
+            "strategy": strategy_of(model), "gpus": gpus, "threads": threads,
             "batch_size": args.batch_size, "global_batch_size": args.batch_size * world_size,
             "dtype": args.dtype, "tf32": args.tf32, "dataset": data_source, **levers}
 
 
-def write_summary(out, strategy, device, start, train_start, args, world_size=1, **extra):
+def write_summary(out, model, device, train_start, args, **extra):
     """OUT/run.json, once the run has finished: times, hardware, options; `extra`: more keys
-    to record."""
-    end = time.perf_counter()  # the clock the scripts' START was read from
-    summary = {"strategy": strategy, "world_size": world_size,
+    to record. The start-up is timed from the process's start (started_at), so that the
+    scripts need no clock before their imports."""
+    # The machine, for the record (nvidia-smi, cgroups): measurement plumbing, not the lesson.
+    from ddp_scripts.hardware import describe_hardware
+    end = time.perf_counter()
+    start = end - (time.time() - started_at())  # the process's start, on perf_counter's clock
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    summary = {"strategy": strategy_of(model), "world_size": world_size,
                "startup_s": train_start - start, "train_s": end - train_start,
                "total_s": end - start, "hardware": describe_hardware(device), "args": vars(args),
                **extra}
     write_atomically(Path(out) / SUMMARY, lambda f: f.write(json.dumps(summary, indent=1)),
                      mode="w")
+
+
+def started_at():
+    """When this process started, in time.time()'s seconds, as the system recorded it."""
+    return psutil.Process().create_time()

@@ -7,14 +7,6 @@ topic, train_single.py -> train_dp.py (DP) and -> train_ddp.py (DDP), and from t
 # Run it:  torchrun --standalone --nproc_per_node 2 ddp_scripts/train_ddp.py --dataset synthetic --out runs/ddp
 import time
 
-START = time.perf_counter()  # start-up (imports, data, model) is reported apart from training
-
-import sys
-from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
 import os  # DDP: torchrun's variables
 import torch
 import torch.distributed as dist  # DDP
@@ -29,7 +21,7 @@ from ddp_scripts.data import check_batch_fits, load_datasets, make_loader
 from ddp_scripts.models import build_model, evaluate
 from ddp_scripts.checkpoints import prepare_out_dir, resume_from, save_epoch, start_out_dir
 from ddp_scripts.report import run_context, write_summary
-from ddp_scripts.ranks import stop_if_loss_not_finite
+from ddp_scripts.checkpoints import stop_if_loss_not_finite
 from ddp_scripts.ranks import average_buffers, init_process_group, on_rank_0, reduce_sum, require_torchrun  # DDP
 
 
@@ -45,10 +37,9 @@ def train_one_epoch(model, loader, optimizer, device):
     for images, labels in loader:
         images, labels = images.to(device), labels.to(device)  # the batch goes where the model is
         optimizer.zero_grad()
-        with reported_if_out_of_memory(len(labels), device):
-            loss = F.cross_entropy(model(images), labels)
-            # DDP: backward() also averages the gradients over the ranks, bucket by bucket
-            loss.backward()
+        loss = F.cross_entropy(model(images), labels)
+        # DDP: backward() also averages the gradients over the ranks, bucket by bucket
+        loss.backward()
         optimizer.step()
         totals[0] += loss.detach() * len(labels)
         totals[1] += len(labels)
@@ -86,14 +77,15 @@ def main():
     shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: a share each
     train_loader = make_loader(train_set, args.batch_size, shuffle)
     test_loader = make_loader(test_set, args.batch_size, range(rank, len(test_set), world_size))  # DDP: each image once
-    context = run_context(args, device, "ddp", threads, train_set.source, world_size)  # DDP
+    context = run_context(args, device, model, threads, train_set.source)
 
     # 4. Train and test, epoch after epoch; each batch goes to the device in train_one_epoch.
     train_start = time.perf_counter()
     for epoch in range(first_epoch, args.epochs + 1):
         shuffle.set_epoch(epoch)  # DDP: without it, every epoch repeats the same shuffle
         epoch_start = time.perf_counter()
-        train_totals = train_one_epoch(model, train_loader, optimizer, device)
+        with reported_if_out_of_memory(args.batch_size, device):  # too large a batch: one line
+            train_totals = train_one_epoch(model, train_loader, optimizer, device)
         stop_if_loss_not_finite(train_totals, epoch)  # nan or inf: stop before saving anything
         train_totals = reduce_sum(train_totals)  # DDP: add up the ranks
         synchronize(device)  # GPU work is queued: wait for it before reading the clock
@@ -105,7 +97,7 @@ def main():
         if epoch == args.stop_after_epoch:
             say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
             break
-    on_rank_0(write_summary, args.out, "ddp", device, START, train_start, args, world_size)  # DDP
+    on_rank_0(write_summary, args.out, model, device, train_start, args)  # DDP: one process writes
     dist.destroy_process_group()  # DDP: leave the group cleanly
 
 

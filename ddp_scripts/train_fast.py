@@ -7,14 +7,6 @@ topic, train_single.py -> train_dp.py (DP) and -> train_ddp.py (DDP), and from t
 # Run it:  torchrun --standalone --nproc_per_node 1 ddp_scripts/train_fast.py --data-on-device --out runs/fast
 import time
 
-START = time.perf_counter()  # start-up (imports, data, model) is reported apart from training
-
-import sys
-from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
 import os  # DDP: torchrun's variables
 import torch
 import torch.distributed as dist  # DDP
@@ -29,7 +21,7 @@ from ddp_scripts.data import check_batch_fits, load_datasets, make_loader
 from ddp_scripts.models import build_model, evaluate
 from ddp_scripts.checkpoints import prepare_out_dir, resume_from, save_epoch, start_out_dir
 from ddp_scripts.report import run_context, write_summary
-from ddp_scripts.ranks import stop_if_loss_not_finite
+from ddp_scripts.checkpoints import stop_if_loss_not_finite
 from ddp_scripts.ranks import average_buffers, init_process_group, on_rank_0, reduce_sum, require_torchrun  # DDP
 from ddp_scripts.speed import (AMP_DTYPES, add_speed_options, check_levers, compiled,  # FAST
                                lever_settings, memory_format, train_batches)
@@ -50,11 +42,10 @@ def train_one_epoch(model, loader, optimizer, device, amp, scaler):  # FAST: --a
         pinned = loader.pin_memory  # FAST: --pin-memory: then the host need not wait for the copy
         images, labels = images.to(device, non_blocking=pinned), labels.to(device, non_blocking=pinned)  # FAST
         optimizer.zero_grad()
-        with reported_if_out_of_memory(len(labels), device):
-            with torch.autocast(device.type, dtype=AMP_DTYPES[amp], enabled=amp != "off"):  # FAST: --amp
-                loss = F.cross_entropy(model(images), labels)  # FAST: under autocast
-            # DDP: backward() also averages the gradients over the ranks, bucket by bucket
-            scaler.scale(loss).backward()  # FAST: --amp fp16: small gradients scaled above fp16's smallest
+        with torch.autocast(device.type, dtype=AMP_DTYPES[amp], enabled=amp != "off"):  # FAST: --amp
+            loss = F.cross_entropy(model(images), labels)  # FAST: under autocast
+        # DDP: backward() also averages the gradients over the ranks, bucket by bucket
+        scaler.scale(loss).backward()  # FAST: --amp fp16: small gradients scaled above fp16's smallest
         scaler.step(optimizer)  # FAST: unscaled; skipped if a gradient overflowed
         scaler.update()  # FAST: the scale halves after an overflow, doubles after 2000 clean steps
         totals[0] += loss.detach() * len(labels)
@@ -68,7 +59,7 @@ def main():
     check_args(args)
 
     # 1. Where to train: one process per GPU (or per share of the CPU cores), all in one group.
-    require_torchrun("train_fast.py")  # FAST: one GPU is a world of one
+    require_torchrun(__file__)  # DDP: torchrun tells each process who it is
     rank = int(os.environ["RANK"])  # DDP: who I am among all processes
     world_size = int(os.environ["WORLD_SIZE"])  # DDP: how many processes in all
     device = pick_device(args.device, int(os.environ["LOCAL_RANK"]))  # DDP: LOCAL_RANK, my GPU on this machine
@@ -100,14 +91,15 @@ def main():
     # --augment and --channels-last applied there, where the batches are made
     train_loader = train_batches(train_set, args.batch_size, shuffle, args, device)  # FAST
     test_loader = make_loader(test_set, args.batch_size, range(rank, len(test_set), world_size))  # DDP: each image once
-    context = run_context(args, device, "ddp", threads, train_set.source, world_size, **lever_settings(args))  # FAST
+    context = run_context(args, device, model, threads, train_set.source, **lever_settings(args))  # FAST
 
     # 4. Train and test, epoch after epoch; each batch goes to the device in train_one_epoch.
     train_start = time.perf_counter()
     for epoch in range(first_epoch, args.epochs + 1):
         shuffle.set_epoch(epoch)  # DDP: without it, every epoch repeats the same shuffle
         epoch_start = time.perf_counter()
-        train_totals = train_one_epoch(model, train_loader, optimizer, device, args.amp, scaler)  # FAST: --amp
+        with reported_if_out_of_memory(args.batch_size, device):  # too large a batch: one line
+            train_totals = train_one_epoch(model, train_loader, optimizer, device, args.amp, scaler)  # FAST: --amp
         stop_if_loss_not_finite(train_totals, epoch)  # nan or inf: stop before saving anything
         train_totals = reduce_sum(train_totals)  # DDP: add up the ranks
         synchronize(device)  # GPU work is queued: wait for it before reading the clock
@@ -119,7 +111,7 @@ def main():
         if epoch == args.stop_after_epoch:
             say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
             break
-    on_rank_0(write_summary, args.out, "ddp", device, START, train_start, args, world_size)  # DDP
+    on_rank_0(write_summary, args.out, model, device, train_start, args)  # DDP: one process writes
     dist.destroy_process_group()  # DDP: leave the group cleanly
 
 

@@ -7,14 +7,6 @@ topic, train_single.py -> train_dp.py (DP) and -> train_ddp.py (DDP), and from t
 # Run it:  python ddp_scripts/train_single.py --dataset synthetic --epochs 2 --device cpu --out runs/single
 import time
 
-START = time.perf_counter()  # start-up (imports, data, model) is reported apart from training
-
-import sys
-from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
 import torch
 import torch.nn.functional as F
 from torch.utils.data import RandomSampler
@@ -26,7 +18,7 @@ from ddp_scripts.data import check_batch_fits, load_datasets, make_loader
 from ddp_scripts.models import build_model, evaluate
 from ddp_scripts.checkpoints import prepare_out_dir, resume_from, save_epoch, start_out_dir
 from ddp_scripts.report import run_context, write_summary
-from ddp_scripts.ranks import stop_if_loss_not_finite
+from ddp_scripts.checkpoints import stop_if_loss_not_finite
 
 
 def train_one_epoch(model, loader, optimizer, device):
@@ -41,9 +33,8 @@ def train_one_epoch(model, loader, optimizer, device):
     for images, labels in loader:
         images, labels = images.to(device), labels.to(device)  # the batch goes where the model is
         optimizer.zero_grad()
-        with reported_if_out_of_memory(len(labels), device):
-            loss = F.cross_entropy(model(images), labels)
-            loss.backward()
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
         optimizer.step()
         totals[0] += loss.detach() * len(labels)
         totals[1] += len(labels)
@@ -74,14 +65,15 @@ def main():
     shuffle = RandomSampler(train_set, generator=torch.Generator())
     train_loader = make_loader(train_set, args.batch_size, shuffle)
     test_loader = make_loader(test_set, args.batch_size, range(len(test_set)))
-    context = run_context(args, device, "single", threads, train_set.source)
+    context = run_context(args, device, model, threads, train_set.source)
 
     # 4. Train and test, epoch after epoch; each batch goes to the device in train_one_epoch.
     train_start = time.perf_counter()
     for epoch in range(first_epoch, args.epochs + 1):
         shuffle.generator.manual_seed(args.seed + epoch)
         epoch_start = time.perf_counter()
-        train_totals = train_one_epoch(model, train_loader, optimizer, device)
+        with reported_if_out_of_memory(args.batch_size, device):  # too large a batch: one line
+            train_totals = train_one_epoch(model, train_loader, optimizer, device)
         stop_if_loss_not_finite(train_totals, epoch)  # nan or inf: stop before saving anything
         synchronize(device)  # GPU work is queued: wait for it before reading the clock
         epoch_time = time.perf_counter() - epoch_start
@@ -90,7 +82,7 @@ def main():
         if epoch == args.stop_after_epoch:
             say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
             break
-    write_summary(args.out, "single", device, START, train_start, args)
+    write_summary(args.out, model, device, train_start, args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,169 @@
+"""The reading path: the plumbing a learner reads who follows every call of a training script.
+
+What is counted, by AST, without running anything: start at the script's `main` (and at
+what its `if __name__ == "__main__":` block calls, `run_cli`), and follow
+every name it uses (called or passed on, as `on_rank_0(prepare_out_dir, args)` passes one)
+to the function, class or module-level assignment of a ddp_scripts module that defines it,
+through `from ddp_scripts.X import name`, `from ddp_scripts import X` then `X.name`, and the
+definitions of the same module; then follow each of those the same way. Each definition
+reached counts its source lines once (docstring, comments and blank lines inside it
+included; a class, all of its methods). The script's own functions are followed but not
+counted: they are the lesson, printed whole by the chapters.
+
+What is not followed: torch and the standard library (a learner reads their documentation,
+not their code), attributes of objects (`loader.pin_memory`: the class is counted where it
+is built), and names that a function imports inside its body, which run only when that
+function takes that branch (cifar10.py: only when CIFAR-10 is downloaded). Those are not
+hidden: `lazy` lists them and counts what they would add, and the test prints it.
+"""
+import ast
+from functools import cache
+
+import pytest
+
+from helpers import SCRIPTS
+
+TRAINING_SCRIPTS = ["train_single.py", "train_dp.py", "train_ddp.py", "train_fast.py", "train_fsdp.py"]
+MOST_READ = {"train_ddp.py": 810}  # lines of plumbing a learner follows from the DDP script
+
+
+def module_path(name):
+    """ddp_scripts/X.py (or X/__init__.py) for the module `ddp_scripts.X`, or None."""
+    if not name.startswith("ddp_scripts."):
+        return None
+    base = SCRIPTS.joinpath(*name.split(".")[1:])
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.exists():
+            return path
+    return None
+
+
+@cache
+def module(path):
+    """(definitions, names) of a module: its top-level functions, classes and assignments by
+    name; and what its top-level imports bind: a name to (module path, name in it), or a
+    module name to (module path, None)."""
+    tree = ast.parse(path.read_text())
+    definitions, names = {}, {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            definitions[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        definitions[name.id] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update(imported(node))
+    return definitions, names
+
+
+def imported(node):
+    """What an import statement binds: name -> (module path, name or None for a module)."""
+    bound = {}
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        for alias in node.names:
+            submodule = module_path(f"{node.module}.{alias.name}")
+            if submodule is not None:  # from ddp_scripts import sharding
+                bound[alias.asname or alias.name] = (submodule, None)
+            elif module_path(node.module) is not None:  # from ddp_scripts.ranks import reduce_sum
+                bound[alias.asname or alias.name] = (module_path(node.module), alias.name)
+    elif isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.asname and module_path(alias.name) is not None:
+                bound[alias.asname] = (module_path(alias.name), None)
+    return bound
+
+
+def uses(node, names):
+    """The definitions `node` refers to, as (module path, name); and, apart, those it reaches
+    only through an import inside its own body (lazy)."""
+    eager, lazy = set(), set()
+    inside, local = {}, set()
+    for child in ast.walk(node):  # a parameter or variable of the same name is not the definition
+        if isinstance(child, ast.arg) or isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+            local.add(child.arg if isinstance(child, ast.arg) else child.id)
+    for child in ast.walk(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)) and child is not node:
+            inside.update(imported(child))
+    for child in ast.walk(node):
+        if isinstance(child, ast.Attribute) and isinstance(child.value, ast.Name):
+            target = names.get(child.value.id) or inside.get(child.value.id)
+            if target and target[1] is None:  # sharding.blocks_of
+                (lazy if child.value.id in inside else eager).add((target[0], child.attr))
+        elif isinstance(child, ast.Name) and child.id not in local:
+            if child.id in inside:
+                target = inside[child.id]
+                if target[1] is not None:
+                    lazy.add(target)
+            elif child.id in names and names[child.id][1] is not None:
+                eager.add(names[child.id])
+    return eager, lazy
+
+
+def locals_of(node):
+    """The parameters and assigned names of a function (none for a module-level statement)."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return set()
+    return {child.arg for child in ast.walk(node) if isinstance(child, ast.arg)} | {
+        child.id for child in ast.walk(node) if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store)}
+
+
+def follow(start, local):
+    """The definitions reached from `start`: (module path, name) -> lines, and the lazy ones."""
+    reached, lazy, todo = {}, {}, list(start)
+    while todo:
+        path, name = todo.pop()
+        definitions, names = module(path)
+        node = definitions.get(name)
+        if node is None or (path, name) in reached:
+            continue
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        reached[(path, name)] = node.end_lineno - first + 1
+        eager, via_import = uses(node, names)
+        own = {(path, child.id) for child in ast.walk(node)
+               if isinstance(child, ast.Name) and child.id in definitions and child.id != name
+               and (path, child.id) not in eager and child.id not in names}
+        own = {(where, n) for where, n in own if n not in locals_of(node)}
+        todo.extend(eager | own)
+        for target in via_import - set(lazy):
+            lazy[target] = path.name
+    for key in local:
+        reached.pop(key, None)
+    return reached, lazy
+
+
+def reading_path(script):
+    """(lines of plumbing reached from the script's main, by module; lines the lazy imports
+    would add, by module)."""
+    path = SCRIPTS / script
+    definitions, names = module(path)
+    assert "main" in definitions, f"{script} has no main()"
+    local = {(path, name) for name in definitions}
+    start = {(path, "main")}
+    for node in ast.parse(path.read_text()).body:  # `if __name__ == "__main__": run_cli(main)`
+        if isinstance(node, ast.If):
+            start |= uses(node, names)[0]
+    reached, lazy = follow(list(start), local)
+    by_module = {}
+    for (where, _), lines in reached.items():
+        by_module[where.stem] = by_module.get(where.stem, 0) + lines
+    behind, _ = follow(list(lazy), set(reached) | local)
+    lazy_by_module = {}
+    for (where, _), lines in behind.items():
+        lazy_by_module[where.stem] = lazy_by_module.get(where.stem, 0) + lines
+    return by_module, lazy_by_module
+
+
+def listed(by_module):
+    return ", ".join(f"{name} {lines}" for name, lines in sorted(by_module.items(), key=lambda x: -x[1]))
+
+
+@pytest.mark.parametrize("script", TRAINING_SCRIPTS)
+def test_the_reading_path_is_short(script):
+    by_module, lazy = reading_path(script)
+    total = sum(by_module.values())
+    print(f"{script}: {total} lines of plumbing reached ({listed(by_module)}); "
+          f"behind imports inside functions: {sum(lazy.values())} ({listed(lazy)})")
+    assert {"cli", "options", "data", "models"} <= set(by_module), by_module  # the counter follows
+    assert total <= MOST_READ.get(script, 10_000), f"{script} reaches {total} lines: {by_module}"
