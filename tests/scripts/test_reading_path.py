@@ -15,8 +15,13 @@ not their code), attributes of objects (`loader.pin_memory`: the class is counte
 is built), and names that a function imports inside its body, which run only when that
 function takes that branch (cifar10.py: only when CIFAR-10 is downloaded). Those are not
 hidden: `lazy` lists them and counts what they would add, and the test prints it.
+
+Last, the scripts' entry points: run as a file from any folder, or as a module.
 """
 import ast
+import os
+import subprocess
+import sys
 from functools import cache
 
 import pytest
@@ -75,60 +80,51 @@ def imported(node):
     return bound
 
 
-def uses(node, names):
-    """The definitions `node` refers to, as (module path, name); and, apart, those it reaches
-    only through an import inside its own body (lazy)."""
-    eager, lazy = set(), set()
-    inside, local = {}, set()
-    for child in ast.walk(node):  # a parameter or variable of the same name is not the definition
-        if isinstance(child, ast.arg) or isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
-            local.add(child.arg if isinstance(child, ast.arg) else child.id)
+def uses(node, path):
+    """The definitions `node` (of the module at `path`) refers to, as (module path, name):
+    those its module defines or imports at its top; and, apart, those it reaches only through
+    an import inside its own body (lazy)."""
+    definitions, names = module(path)
+    eager, lazy, inside = set(), set(), {}
+    local = {child.arg for child in ast.walk(node) if isinstance(child, ast.arg)}
     for child in ast.walk(node):
-        if isinstance(child, (ast.Import, ast.ImportFrom)) and child is not node:
+        if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store) and child is not node:
+            local.add(child.id)  # a variable of the same name as a definition is not it
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
             inside.update(imported(child))
     for child in ast.walk(node):
         if isinstance(child, ast.Attribute) and isinstance(child.value, ast.Name):
-            target = names.get(child.value.id) or inside.get(child.value.id)
+            target = inside.get(child.value.id) or names.get(child.value.id)
             if target and target[1] is None:  # sharding.blocks_of
                 (lazy if child.value.id in inside else eager).add((target[0], child.attr))
         elif isinstance(child, ast.Name) and child.id not in local:
             if child.id in inside:
-                target = inside[child.id]
-                if target[1] is not None:
-                    lazy.add(target)
-            elif child.id in names and names[child.id][1] is not None:
-                eager.add(names[child.id])
+                if inside[child.id][1] is not None:
+                    lazy.add(inside[child.id])
+            elif child.id in names:
+                if names[child.id][1] is not None:
+                    eager.add(names[child.id])
+            elif child.id in definitions:
+                eager.add((path, child.id))
     return eager, lazy
 
 
-def locals_of(node):
-    """The parameters and assigned names of a function (none for a module-level statement)."""
-    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return set()
-    return {child.arg for child in ast.walk(node) if isinstance(child, ast.arg)} | {
-        child.id for child in ast.walk(node) if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store)}
-
-
-def follow(start, local):
-    """The definitions reached from `start`: (module path, name) -> lines, and the lazy ones."""
+def follow(start, not_counted):
+    """The definitions reached from `start`: (module path, name) -> lines, and the lazy ones
+    (name -> the module whose function imports it)."""
     reached, lazy, todo = {}, {}, list(start)
     while todo:
         path, name = todo.pop()
-        definitions, names = module(path)
-        node = definitions.get(name)
+        node = module(path)[0].get(name)
         if node is None or (path, name) in reached:
             continue
         first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         reached[(path, name)] = node.end_lineno - first + 1
-        eager, via_import = uses(node, names)
-        own = {(path, child.id) for child in ast.walk(node)
-               if isinstance(child, ast.Name) and child.id in definitions and child.id != name
-               and (path, child.id) not in eager and child.id not in names}
-        own = {(where, n) for where, n in own if n not in locals_of(node)}
-        todo.extend(eager | own)
+        eager, via_import = uses(node, path)
+        todo.extend(eager)
         for target in via_import - set(lazy):
             lazy[target] = path.name
-    for key in local:
+    for key in not_counted:
         reached.pop(key, None)
     return reached, lazy
 
@@ -137,13 +133,13 @@ def reading_path(script):
     """(lines of plumbing reached from the script's main, by module; lines the lazy imports
     would add, by module)."""
     path = SCRIPTS / script
-    definitions, names = module(path)
+    definitions, _ = module(path)
     assert "main" in definitions, f"{script} has no main()"
     local = {(path, name) for name in definitions}
     start = {(path, "main")}
     for node in ast.parse(path.read_text()).body:  # `if __name__ == "__main__": run_cli(main)`
         if isinstance(node, ast.If):
-            start |= uses(node, names)[0]
+            start |= uses(node, path)[0]
     reached, lazy = follow(list(start), local)
     by_module = {}
     for (where, _), lines in reached.items():
@@ -153,6 +149,10 @@ def reading_path(script):
     for (where, _), lines in behind.items():
         lazy_by_module[where.stem] = lazy_by_module.get(where.stem, 0) + lines
     return by_module, lazy_by_module
+
+
+def without_pythonpath():
+    return {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
 
 
 def listed(by_module):
@@ -166,4 +166,17 @@ def test_the_reading_path_is_short(script):
     print(f"{script}: {total} lines of plumbing reached ({listed(by_module)}); "
           f"behind imports inside functions: {sum(lazy.values())} ({listed(lazy)})")
     assert {"cli", "options", "data", "models"} <= set(by_module), by_module  # the counter follows
+    assert "cifar10" in lazy, lazy  # and sees the download, imported inside load_datasets
     assert total <= MOST_READ.get(script, 10_000), f"{script} reaches {total} lines: {by_module}"
+
+
+@pytest.mark.parametrize("script", ["train_single.py", "train_ddp.py"])
+def test_a_script_starts_as_a_file_from_anywhere_and_as_a_module(script, tmp_path):
+    """The book prints `python ddp_scripts/train_single.py`; `python -m ddp_scripts.train_single`
+    (and torchrun -m) is the same script. Neither needs a line before the imports."""
+    as_file = subprocess.run([sys.executable, str(SCRIPTS / script), "--help"], cwd=tmp_path,
+                             capture_output=True, text=True, env=without_pythonpath())
+    as_module = subprocess.run([sys.executable, "-m", f"ddp_scripts.{script[:-3]}", "--help"],
+                               cwd=SCRIPTS.parent, capture_output=True, text=True, env=without_pythonpath())
+    for result in (as_file, as_module):
+        assert result.returncode == 0 and "--out" in result.stdout, result.stderr
