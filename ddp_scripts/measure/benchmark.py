@@ -482,7 +482,7 @@ def results_table(results):
     if tuned.any():
         plain = pd.Series([baseline(config.removesuffix("-tuned"), "epoch s (steady)")
                            for config in table.index[tuned]], index=table.index[tuned])
-        table["x untuned"] = plain / epoch[tuned]  # NaN on the plain rows
+        table["x untuned"] = plain / epoch[tuned]  # empty on the plain rows
         table["x tuned CPU"] = baseline("cpu-tuned", "epoch s (steady)") / epoch
     # A ratio is only as good as both of its speeds: where the row or a baseline it is
     # divided by (cpu and gpu; for a tuned row also their tuned rows) is unreliable, the

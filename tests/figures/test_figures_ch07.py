@@ -2,6 +2,7 @@
 total (step_parts.py's files), the sentences written from them, and the speed-ups of the
 article, the recorded H200 and a CPU run, with no bar for a speed its file marks unreliable."""
 import json
+import os
 from pathlib import Path
 
 import matplotlib
@@ -29,14 +30,26 @@ def runs(tmp_path_factory):
     """Real step_parts files: one process with all the cores, one with one thread (batch 8
     only, as in the chapter), and two processes with one thread each, shortened."""
     from ddp_scripts.launcher import run_command, torchrun_command
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 cores: with one, all cores and one thread are the same run")
     folder = tmp_path_factory.mktemp("parts")
-    for name, options in (("all-cores", [*QUICK, "--threads", "all"]),
-                          ("ddp-threads", [*QUICK[:-1], "batch 8", "--threads", "1"])):
-        result = run_in_process("recorders/step_parts.py", *options, "--out", folder / f"{name}.json")
-        assert result.returncode == 0, result.stderr
-    run_command(torchrun_command("recorders/step_parts.py", 2, [*QUICK, "--threads", "1", "--out",
-                                                      str(folder / "two-processes.json")]),
-                timeout=300, progress=False, echo=lambda line: None)
+    # The chapter's runs see every core; a pytest-xdist worker is pinned to its share of them
+    # (tests/conftest.py), under which "all cores" would be one thread, the same as one DDP
+    # process's. The runs (and the processes they start) get the machine's cores back.
+    share = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, range(os.cpu_count()))
+    try:
+        for name, options in (("all-cores", [*QUICK, "--threads", "all"]),
+                              ("ddp-threads", [*QUICK[:-1], "batch 8", "--threads", "1"])):
+            result = run_in_process("recorders/step_parts.py", *options,
+                                    "--out", folder / f"{name}.json")
+            assert result.returncode == 0, result.stderr
+        run_command(torchrun_command("recorders/step_parts.py", 2,
+                                     [*QUICK, "--threads", "1",
+                                      "--out", str(folder / "two-processes.json")]),
+                    timeout=300, progress=False, echo=lambda line: None)
+    finally:
+        os.sched_setaffinity(0, share)
     return {name: json.loads((folder / f"{name}.json").read_text())
             for name in ("all-cores", "ddp-threads", "two-processes")}
 

@@ -308,9 +308,12 @@ def test_ctrl_c_is_one_line(tmp_path):
         [sys.executable, "ddp_scripts/train_single.py", "--dataset", "synthetic", "--train-samples",
          "20000", "--test-samples", "64", "--epochs", "50", "--device", "cpu", "--out", str(tmp_path / "run")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert "training on" in process.stdout.readline()
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
+    try:
+        assert "training on" in process.stdout.readline()
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate()  # no clock of its own: pytest-timeout ends a hang
+    finally:
+        process.kill()  # no stray process if an assertion or the timeout ends the test
     assert process.returncode == 130, stderr
     assert stderr.splitlines() == ["interrupted (Ctrl-C); the last checkpoint saved, if any, is "
                                    "whole"], stderr
