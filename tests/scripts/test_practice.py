@@ -13,7 +13,7 @@ BOOTSTRAP = ("import sys\nfrom pathlib import Path\n\n"
              "if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do\n"
              "    sys.path[0] = str(Path(__file__).resolve().parents[2])")
 # ddp_scripts' modules and packages, which a program imports as ddp_scripts.NAME, never as NAME
-SECOND_NAMES = ({path.stem for path in (ROOT / "ddp_scripts").glob("*.py")}
+SECOND_NAMES = ({path.stem for path in (ROOT / "ddp_scripts").glob("*.py")} - {"ddp_scripts"}
                 | {path.parent.name for path in (ROOT / "ddp_scripts").glob("*/__init__.py")})
 DEMOS = ["by_hand", "buckets", "accumulation", "batchnorm", "unused_parameters", "seeding",
          "compression", "zero", "uneven_inputs"]
