@@ -8,11 +8,17 @@ clock includes its GPU work: waiting for the data, copying it to the device, for
 the optimizer. Two clocks are read at every boundary: time.monotonic (the wall, one clock for
 every process of the machine) and time.thread_time (the CPU time of the thread that runs the
 step), so a phase's CPU time over its wall time says how much of a core it got.
-Under DDP, a comm hook (practice/hooks.py's attach_timers) records when each bucket's
-all-reduce was launched and when its future completed, and the gradient hooks when backward
-computed its last gradient. Communication before that point ran while backward computed
-(hidden); the rest, backward waited for (exposed). Part of it passes before the last rank
-has launched the same bucket: waiting for the others.
+Under DDP on the CPU (gloo), a comm hook (practice/hooks.py's attach_timers) records when
+each bucket's all-reduce was launched and when its future completed, and the gradient hooks
+when backward computed its last gradient. Communication before that point ran while backward
+computed (hidden); the rest, backward waited for (exposed). Part of it passes before the last
+rank has launched the same bucket: waiting for the others. Under NCCL the future completes
+once the all-reduce is queued on the GPU, not when it has run (torch.futures.Future.then's
+docstring), so a CPU clock cannot split it: on GPUs the all-reduce stays inside backward,
+untimed, and the file says so ("communication timed": false).
+The steps of a case are cut into SPREAD_GROUPS runs of consecutive steps, as the benchmark
+cuts a run into epochs; a case whose slowest group's mean step is more than the benchmark's
+RELIABLE_SPREAD times its fastest's is marked unreliable.
 The measured step runs from one step's start to the next; what the phases leave of it (the
 loop, the timers) is reported as the remainder. Every run processes the same global batch per
 step, split over the processes, so time per sample compares equal work.
@@ -36,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_scripts.cli import UsageError, run_cli
 from ddp_scripts.devices import pick_device, set_cpu_threads, synchronize
 from ddp_scripts.hardware import usable_cores
+from ddp_scripts.measure.benchmark import RELIABLE_SPREAD
 from ddp_scripts.models import build_model
 from ddp_scripts.options import ArgumentParser, count, non_negative_int, seconds
 from ddp_scripts.practice.hooks import attach_timers
@@ -55,6 +62,10 @@ PHASES = ["data wait", "copy to device", "forward", "backward", "optimizer"]
 PARTS = ["data wait", "copy to device", "forward", "backward compute",
          "communication not hidden", "optimizer"]
 REMAINDER = "other (loop, timers)"
+SPREAD_GROUPS = 4
+UNTIMED = ("under NCCL the all-reduce's future completes once the all-reduce is queued on the "
+           "GPU, not when it has run, so the CPU's clocks cannot split it into hidden and "
+           "exposed: here it stays inside backward compute")
 
 
 def threads_option(text):
@@ -179,6 +190,16 @@ def breakdown(steps):
             "cpu share": cpu_share}
 
 
+def spread(steps, groups=SPREAD_GROUPS):
+    """The slowest over the fastest mean step of `groups` runs of consecutive steps (fewer
+    when there are fewer steps): the benchmark's epoch spread, on a case's steps."""
+    times = [row["step"] for row in steps]
+    groups = min(groups, len(times))
+    cuts = [round(i * len(times) / groups) for i in range(groups + 1)]
+    means = [sum(times[a:b]) / (b - a) for a, b in zip(cuts, cuts[1:])]
+    return max(means) / min(means)
+
+
 def part_that_grew(one, many):
     """The part (or the remainder) whose time per sample grew most from `one` to `many`:
     breakdowns of the same global batch, so per step is per sample times the batch."""
@@ -215,20 +236,30 @@ def run_case(name, settings, device, world_size, rank, args):
     data = batches(batch // world_size, seed=rank)
     model = build_model("cnn").to(device)
     events = None
+    split = world_size > 1 and device.type != "cuda"  # see UNTIMED
     if world_size > 1:
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if split:
         events = []
         attach_timers(model, time.monotonic, events.append)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     timed_steps(model, optimizer, data, device, warmup, events)
     steps = timed_steps(model, optimizer, data, device, timed, events)
-    if world_size > 1:
+    every_rank = None
+    if split:
         every_rank = [None] * world_size
         dist.all_gather_object(every_rank, [{"all-reduces": row["all-reduces"]} for row in steps])
         note_waiting(steps, every_rank)
     result = {"settings": {**settings, "batch_per_process": batch // world_size,
                            "threads_per_process": threads},
-              **breakdown(steps), "steps": steps}
+              **breakdown(steps), "steps": steps, "spread": spread(steps),
+              "communication timed": split or world_size == 1}
+    result["reliable"] = result["spread"] <= RELIABLE_SPREAD
+    if world_size > 1 and not split:
+        result["communication untimed"] = UNTIMED
+    if every_rank:  # per rank, per step, per bucket: [launch, end] on the machine's clock
+        result["all-reduces of every rank"] = [[row["all-reduces"] for row in rank_steps]
+                                               for rank_steps in every_rank]
     ranks = [breakdown(steps)]
     if world_size > 1:
         ranks = [None] * world_size

@@ -1,15 +1,18 @@
 """ddp_scripts/recorders/step_parts.py: the parts of a step add up to the measured step, the remainder is
 what the timed phases leave of it, the all-reduce is timed inside backward and split into its
-hidden and exposed shares, the benchmark's ratio is put together from the parts, the part that
-grew is the one the numbers say, and bad options are one line and exit status 2."""
+hidden and exposed shares (on gloo; under NCCL it is left untimed), no all-reduce ends before
+every rank has launched it, a case's spread is the benchmark's, the benchmark's ratio is put
+together from the parts, the part that grew is the one the numbers say, and bad options are
+one line and exit status 2."""
 import json
 
 import pytest
 import torch
 
 from ddp_scripts.launcher import run_command, torchrun_command
+from ddp_scripts.measure.benchmark import RELIABLE_SPREAD
 from ddp_scripts.recorders.step_parts import (PARTS, PHASES, REMAINDER, breakdown, communication,
-                                    part_that_grew, ratio_from_parts)
+                                             part_that_grew, ratio_from_parts, spread)
 from helpers import assert_one_line_error, run_in_process
 
 QUICK = ["--steps", "4", "--warmup", "1", "--cases", "batch 8,all cores each"]
@@ -25,6 +28,8 @@ def check_adds_up(case):
     # The remainder is exactly the mean of what the phases leave of each step.
     left = sum(row["step"] - sum(row[phase] for phase in PHASES) for row in steps) / len(steps)
     assert parts[REMAINDER] == pytest.approx(left, rel=1e-9, abs=1e-12)
+    assert case["spread"] == spread(steps) >= 1
+    assert case["reliable"] == (case["spread"] <= RELIABLE_SPREAD)
     backward = sum(row["backward"] for row in steps) / len(steps)
     assert parts["backward compute"] + parts["communication not hidden"] == pytest.approx(backward)
 
@@ -43,6 +48,19 @@ def test_one_process_parts_add_up_to_the_step(tmp_path):
     assert run["cases"]["all cores each"]["settings"]["threads_per_process"] == run["usable_cores"]
 
 
+def early_ends(every_rank):
+    """(rank, step, bucket) of each all-reduce whose end came before some rank's launch of
+    the same bucket: an all-reduce cannot have finished before every rank contributed."""
+    found = []
+    for rank, steps in enumerate(every_rank):
+        for index, buckets in enumerate(steps):
+            for bucket, (_, end) in enumerate(buckets):
+                last = max(other[index][bucket][0] for other in every_rank)
+                if end < last:
+                    found.append((rank, index, bucket))
+    return found
+
+
 def test_two_processes_time_the_all_reduce_inside_backward(tmp_path):
     out = tmp_path / "two.json"
     run_command(torchrun_command("recorders/step_parts.py", 2, [*QUICK, "--out", str(out)]),
@@ -51,6 +69,16 @@ def test_two_processes_time_the_all_reduce_inside_backward(tmp_path):
     assert run["processes"] == 2
     for case in run["cases"].values():
         check_adds_up(case)
+        assert case["communication timed"] and "communication untimed" not in case
+        every_rank = case["all-reduces of every rank"]
+        assert every_rank[0] == [row["all-reduces"] for row in case["steps"]]
+        assert len(every_rank) == 2 and not early_ends(every_rank)
+        # A timer that stamped the end at launch (as a future completed at enqueue would)
+        # fails it: one of the two ranks launched each bucket first.
+        stamped_at_launch = [[[[start, start] for start, _ in buckets] for buckets in steps]
+                             for steps in every_rank]
+        buckets = sum(len(row["all-reduces"]) for row in case["steps"])
+        assert len(early_ends(stamped_at_launch)) == buckets
         assert case["settings"]["batch_per_process"] * 2 == case["settings"]["batch_size"]
         assert len(case["ranks"]) == 2
         assert case["ranks"][0] == breakdown(case["steps"])
@@ -79,7 +107,10 @@ def test_two_processes_on_two_gpus(tmp_path):
     assert run["device"] == "cuda:0"
     for case in run["cases"].values():
         check_adds_up(case)
-        assert all(row["all-reduces"] for row in case["steps"])
+        # Under NCCL the all-reduce's future completes once it is queued: no split is made.
+        assert not case["communication timed"] and "NCCL" in case["communication untimed"]
+        assert case["parts"]["communication not hidden"] == 0
+        assert not any("all-reduces" in row for row in case["steps"])
 
 
 def test_hidden_and_exposed_split_at_the_last_gradient():
@@ -91,6 +122,13 @@ def test_hidden_and_exposed_split_at_the_last_gradient():
     assert comm["hidden"] == pytest.approx(1.5) and comm["exposed"] == pytest.approx(1.5)
     assert comm["buckets"] == 2
     assert communication({"all-reduces": [[3.0, 4.0]], "last gradient": 3.0})["hidden"] == 0
+
+
+def test_a_cases_spread_is_its_slowest_group_of_steps_over_its_fastest():
+    steps = [{"step": t} for t in [1, 1, 2, 2, 1, 3, 4, 4]]  # groups of 2: 1, 2, 2, 4
+    assert spread(steps) == pytest.approx(4.0)
+    assert spread(steps[:3]) == pytest.approx(2.0)  # fewer steps than groups: one per group
+    assert spread([{"step": 0.5}] * 8) == 1.0
 
 
 def test_the_benchmarks_ratio_is_put_together_from_the_parts():
