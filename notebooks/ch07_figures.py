@@ -8,7 +8,8 @@ import json
 import textwrap
 
 from ddp_scripts.measure import benchmark
-from ddp_scripts.recorders.step_parts import PARTS, REMAINDER, part_that_grew, ratio_from_parts
+from ddp_scripts.recorders.step_parts import (PARTS, REMAINDER, SPREAD_GROUPS, part_that_grew,
+                                             ratio_from_parts)
 from notebooks.figures import colour, stacked_bars
 
 # Why a part grows from one process to N with the same threads each, said once, for the
@@ -51,14 +52,27 @@ def configurations(runs, case):
     return {label(run, case): run["cases"][case] for run in runs.values() if case in run["cases"]}
 
 
+def unreliable(found):
+    """" (unreliable: ...)" for a case whose steps spread more than the benchmark allows,
+    else ""."""
+    if found.get("reliable", True):
+        return ""
+    return (f" (unreliable: its {SPREAD_GROUPS} runs of steps spread {found['spread']:.1f}x, "
+            f"more than {benchmark.RELIABLE_SPREAD}x)")
+
+
 def step_table(runs, cases):
     """One row per case and configuration: the parts and the step in us per sample, the
-    speed, and how much of a core forward got (CPU time over wall time)."""
+    speed, and how much of a core forward got (CPU time over wall time). Where the
+    all-reduce was not timed (NCCL), its column is left empty, not 0."""
     import pandas as pd
     rows = {}
     for case in cases:
         for name, found in configurations(runs, case).items():
-            rows[(case, name)] = {**per_sample(found),
+            values = per_sample(found)
+            if not found.get("communication timed", True):
+                values["communication not hidden"] = float("nan")
+            rows[(case, name)] = {**values,
                                   "samples/s": found["settings"]["batch_size"] / found["step"],
                                   "forward CPU/wall": found["cpu share"]["forward"]}
     return pd.DataFrame(rows).T.rename_axis(["case", "configuration"])
@@ -91,11 +105,16 @@ def verdict(runs, case):
              for name, found in configurations(runs, case).items()}
     lines = [f"{case}: " + ", ".join(f"{name} {value:,.0f}" for name, value in speed.items())
              + " samples/s."]
+    lines += [f"  {name}{unreliable(found)}." for name, found in configurations(runs, case).items()
+              if unreliable(found)]
     for run in runs.values():
         if run["processes"] == 1 and case in run["cases"]:
             ratio = speed[label(many, case)] / speed[label(run, case)]
             how = f"{1 / ratio:.2f}x slower" if ratio < 1 else f"{ratio:.2f}x faster"
-            lines.append(f"  {label(many, case)}: {how} than {label(run, case)}.")
+            shaky = not (run["cases"][case].get("reliable", True)
+                         and many["cases"][case].get("reliable", True))
+            lines.append(f"  {label(many, case)}: {how} than {label(run, case)}"
+                         + (" (unreliable)." if shaky else "."))
     part, by, one_name, many_name = grew(runs, case)
     if round(by, 2) > 0:  # as printed: a growth under 0.01 us is none
         lines.append(f"  From {one_name} to {many_name}, the part that grew most: {part} "
@@ -121,6 +140,8 @@ def communication_lines(runs, case):
     """Per rank of the N-process run: the all-reduce's time per step, its hidden and exposed
     shares, and the time it spent before the last rank had launched it."""
     _, many = compared(runs, case)
+    if not many["cases"][case].get("communication timed", True):
+        return [f"  all-reduce not split: {many['cases'][case]['communication untimed']}."]
     lines = []
     for rank, found in enumerate(many["cases"][case]["ranks"]):
         comm = found["communication"]
@@ -156,6 +177,10 @@ def ratio_from_parts_lines(results, runs, case="batch 64"):
                     f" ddp, {ddp['processes']:.0f} processes x {ddp['threads/process']:.0f} "
                     f"thread(s), {bench:.2f}x the speed of the cpu run" +
                     (" (unreliable: see its table)." if ddp["ratios"] == "unreliable" else "."))
+    shaky = [f"{label(run, case)}{unreliable(run['cases'][case])}"
+             for run in (many, one_thread, one_all) if unreliable(run["cases"][case])]
+    if shaky:
+        lines.append("Step parts: " + "; ".join(shaky) + ".")
     if (bench < 1) == (parts["ratio"] < 1):
         side = "slower" if bench < 1 else "faster"
         lines.append(f"Both say the processes are {side} than one process with every core"
@@ -164,6 +189,21 @@ def ratio_from_parts_lines(results, runs, case="batch 64"):
     else:
         lines.append("The two disagree on the direction: the machine's load changed between "
                      "the runs, or the epochs' other work (loading, evaluation) weighs in.")
+    apart = max(bench, parts["ratio"]) / min(bench, parts["ratio"])
+    if apart <= benchmark.RELIABLE_SPREAD:
+        lines.append(f"The two ratios are {apart:.2f}x apart: within the "
+                     f"{benchmark.RELIABLE_SPREAD}x the benchmark allows between the epochs "
+                     "of one run, they agree.")
+        return lines
+    load = max(run["load_average"][0] for run in runs.values())
+    cores = min(run["usable_cores"] for run in runs.values())
+    said = (f"under this load (load average up to {load:.2f} on {cores} cores) they disagree "
+            "on the size: each run got what the other work left it" if load > cores else
+            f"they disagree on the size, on a machine not overloaded (load average up to "
+            f"{load:.2f} on {cores} cores)")
+    lines.append(f"The two ratios are {apart:.1f}x apart, more than the "
+                 f"{benchmark.RELIABLE_SPREAD}x the benchmark allows between the epochs of "
+                 f"one run: {said}.")
     return lines
 
 

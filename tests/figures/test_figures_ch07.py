@@ -96,7 +96,9 @@ def test_the_verdicts_are_written_from_the_numbers(runs):
     lines = ch07_figures.verdict(runs, case)
     ratio = speed["two-processes"] / speed["ddp-threads"]
     said = f"{1 / ratio:.2f}x slower" if ratio < 1 else f"{ratio:.2f}x faster"
-    assert f"  2 processes x 1 thread: {said} than 1 process x 1 thread." in lines
+    shaky = not (one["cases"][case]["reliable"] and many["cases"][case]["reliable"])
+    end = " (unreliable)." if shaky else "."
+    assert f"  2 processes x 1 thread: {said} than 1 process x 1 thread{end}" in lines
     part, by, _, _ = ch07_figures.grew(runs, case)
     assert part_that_grew(one["cases"][case], many["cases"][case])[0] == part
     assert any(f"part that grew most: {part} (+{by:.2f} us" in line for line in lines) or \
@@ -128,15 +130,47 @@ def test_the_ratio_from_the_parts_stands_beside_the_benchmarks(runs):
     assert f"{bench:.2f}x the speed of the cpu run" in lines[0]
     assert "unreliable" not in lines[0]  # the file's ratios are ok
     assert lines[1].endswith(f"= {parts['ratio']:.2f}x.")
+    shaky = [run for run in runs.values() if not run["cases"]["batch 64"]["reliable"]]
+    assert ("Step parts: " in lines[2]) == bool(shaky)
+    assert all(f"spread {run['cases']['batch 64']['spread']:.1f}x" in lines[2] for run in shaky)
     agree = (bench < 1) == (parts["ratio"] < 1)
-    assert lines[2].startswith("Both say" if agree else "The two disagree")
+    assert lines[-2].startswith("Both say" if agree else "The two disagree")
+    apart = max(bench, parts["ratio"]) / min(bench, parts["ratio"])
+    assert lines[-1].startswith(f"The two ratios are {apart:.{2 if apart <= 1.5 else 1}f}x apart")
+    assert ("they agree" in lines[-1]) == (apart <= 1.5)
     for run in results["runs"]:  # the other direction: the sentence follows the numbers
         if run["config"] == "ddp":
             run["steady_epoch_s"] *= 1e-3 if bench < 1 else 1e3
     flipped = ch07_figures.ratio_from_parts_lines(results, runs)
-    assert flipped[2].startswith("The two disagree" if agree else "Both say")
+    assert flipped[-2].startswith("The two disagree" if agree else "Both say")
+    far = max(bench * 1e3, parts["ratio"]) / min(bench * 1e3, parts["ratio"]) if bench < 1 \
+        else max(bench * 1e-3, parts["ratio"]) / min(bench * 1e-3, parts["ratio"])
+    assert flipped[-1].startswith(f"The two ratios are {far:.1f}x apart, more than the 1.5x")
+    loaded = max(run["load_average"][0] for run in runs.values()) > \
+        min(run["usable_cores"] for run in runs.values())
+    assert ("under this load" in flipped[-1]) == loaded
     for run in runs.values():
         del run["cases"]["batch 64"]
+
+
+def test_an_unreliable_case_and_an_untimed_all_reduce_are_said(runs):
+    case = runs["two-processes"]["cases"]["batch 8"]
+    kept = dict(case)
+    case.update({"reliable": False, "spread": 2.345, "communication timed": False,
+                 "communication untimed": "under NCCL ..."})
+    try:
+        lines = ch07_figures.verdict(runs, "batch 8")
+        assert "  2 processes x 1 thread (unreliable: its 4 runs of steps spread 2.3x, more " \
+               "than 1.5x)." in lines
+        assert all(line.endswith("(unreliable).") for line in lines if " than 1 process" in line)
+        assert ch07_figures.communication_lines(runs, "batch 8") == [
+            "  all-reduce not split: under NCCL ...."]
+        table = ch07_figures.step_table(runs, ["batch 8"])
+        untimed = table["communication not hidden"].isna()
+        assert list(untimed) == [label.startswith("2 processes") for _, label in table.index]
+    finally:
+        case.clear()
+        case.update(kept)
 
 
 def test_each_configuration_keeps_its_colour_in_every_panel():
