@@ -60,6 +60,27 @@ def peaks_side_by_side(predicted, tracked):
     return pd.DataFrame(rows).set_index(["strategy", "rank"])
 
 
+def gap_notes(checked, predicted, tracked, over=0.5):
+    """A line for each row of peaks_side_by_side whose gap is over `over` percent: the MB the
+    tracker holds beyond the prediction, and why. On gloo (the CPU) an FSDP rank may hold at
+    most one block's reduce-scatter input more: the clone gloo's reduce-scatter all-reduces,
+    freed by its worker thread, sometimes late (memory_plan.TOLERANCE says more)."""
+    notes = []
+    for (strategy, rank), row in checked.iterrows():
+        if abs(row["gap (%)"]) <= over:
+            continue
+        extra = row["tracked (MB)"] - row["predicted peak (MB)"]
+        clone = predicted[strategy][rank].get("gloo clone", 0) / 1e6
+        if tracked[(strategy, rank)].get("device") == "cpu" and 0 < extra <= clone:
+            why = (f"at most one block's reduce-scatter input ({clone:.2f} MB), the clone "
+                   "gloo's reduce-scatter keeps until its worker thread lets go")
+        else:
+            why = "what the rules leave out, such as autograd's temporaries"
+        notes.append(f"{strategy}, rank {rank}: the tracker holds {extra:+.2f} MB "
+                     f"({row['gap (%)']:+.2f} %) beyond the prediction: {why}")
+    return notes
+
+
 def side_by_side(planned, measured):
     """One row per strategy and rank: the predicted parts and total, the measured total (MB),
     and the bytes by which measured and predicted parts differ, summed without sign."""
@@ -126,7 +147,8 @@ PEAK_COLUMNS = {
     "optimizer": ("optimizer",),
     "activations and batch": ("activations", "batch"),
     "communication buffers": ("DDP buckets", "all-gather output",
-                              "prefetched all-gather output", "reduce-scatter input",
+                              "previous all-gather output", "prefetched all-gather output",
+                              "reduce-scatter input",
                               "reduce-scatter output"),
 }
 

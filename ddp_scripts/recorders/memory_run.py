@@ -19,8 +19,10 @@ gather, compute, free.
 
 Then each strategy (and DDP with gradient_as_bucket_view=True) takes two more steps under
 torch's own tracker, torch.distributed._tools' MemTracker (FSDPMemTracker for FSDP): a
-TorchDispatchMode that sees every tensor made, and notes the step's peak, by category. The
-second step is the one that counts: the optimizer state exists through it, as in every step
+TorchDispatchMode that sees the tensors made on the thread that runs it (not those a
+communication library makes on its own threads), and notes the peak, by category, and each
+FSDP block's peak in its forward. Its peak is started again before the second step, the
+one that counts: the optimizer state exists through it, as in every step
 after the first. With --device cuda (one GPU per rank, NCCL) the peak is also read from
 torch.cuda.max_memory_allocated over that step.
 
@@ -183,6 +185,26 @@ def note_where_the_peak_rises(tracker, where):
     tracker._update_peak_stats = wrapped
 
 
+def forget_the_peak(tracker):
+    """Start the tracker's overall peak again, so that it is the measured step's: its
+    reset_mod_stats clears only the per-module counts (mem_tracker.py:875-879), and the peak
+    lives in _peak_mem and _peak_mem_snap (mem_tracker.py:376-377, 521-523)."""
+    if hasattr(tracker, "_peak_mem"):
+        tracker._peak_mem.clear()
+        tracker._peak_mem_snap.clear()
+
+
+def forward_peaks(tracker, model):
+    """{"blocks.i": bytes}: the tracker's peak in each block's forward, its all-gather
+    included (FSDPMemTracker's Peak-Forward snapshot of the module, the last step's)."""
+    peaks = {}
+    for index, block in enumerate(model.blocks):
+        snapshots = tracker.memory_tracking[block].snapshots
+        state = next(state for state in snapshots if state.name == "PEAK_FW")
+        peaks[f"blocks.{index}"] = next(iter(snapshots[state][-1].values()))["Total"]
+    return peaks
+
+
 def tracked_peak(strategy, args, batch, device):
     """Two steps under torch's tracker; the second step's peak, in bytes, with its categories
     (and, on a GPU, max_memory_allocated over the second step)."""
@@ -205,17 +227,19 @@ def tracked_peak(strategy, args, batch, device):
         for step in range(2):
             if step:
                 tracker.reset_mod_stats()  # its per-module counts refuse a second step
+                forget_the_peak(tracker)
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
             F.cross_entropy(model(images), labels).backward()
             optimizer.step()
             optimizer.zero_grad()  # set_to_none=True, PyTorch's default
             peaks.append(tracker.get_tracker_snapshot("peak"))
+    forward = forward_peaks(tracker, model) if strategy == "FSDP" else {}
     snapshot = next(iter(peaks[-1].values()))
     categories = {str(getattr(key, "value", key)): value for key, value in snapshot.items()}
     return {"strategy": strategy, "rank": dist.get_rank(), "batch": batch,
             "tracked_peak": categories.pop("Total"), "tracked_at": where[0],
-            "categories": categories,
+            "categories": categories, "forward_peaks": forward,
             "max_memory_allocated": torch.cuda.max_memory_allocated(device)
             if device.type == "cuda" else None}
 

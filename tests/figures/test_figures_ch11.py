@@ -7,6 +7,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 import pytest
+import torch
 
 from ddp_scripts.launcher import run_command, torchrun_command
 from ddp_scripts.recorders.memory_plan import PARTS, PEAK_STRATEGIES, peak_plan
@@ -15,6 +16,7 @@ from notebooks.fsdp_memory import (PEAK_COLUMNS, calculator_cases, calculator_fo
                                    calculator_table, draw_collectives,
                                    draw_held, draw_step, peaks_side_by_side, plan_for,
                                    read_collectives, read_peaks, read_run, side_by_side)
+from ddp_scripts.sharding import WideMLP
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +108,16 @@ def test_the_calculators_columns_add_up_to_the_peak_for_every_case():
         assert parts.tolist() == pytest.approx(table["peak (MB)"].tolist())
         assert set(table.index) == set(PEAK_STRATEGIES)
         assert table.loc["FSDP", "peak (MB)"] < table.loc["DDP", "peak (MB)"]
+    case = cases[1]  # each row is peak_plan's for the rank that holds most
+    with torch.device("meta"):
+        model = WideMLP(case["width"], case["depth"])
+    planned = peak_plan(model, case["batch"], case["ranks"], torch.float32, units=model.blocks)
+    table = next(iter(calculator_cases(cases[1:]).values()))
+    for strategy, rows in planned.items():
+        top = max(rows, key=lambda row: row["peak"])
+        assert table.loc[strategy, "peak (MB)"] == top["peak"] / 1e6
+        assert table.loc[strategy, "peak falls at"] == top["at"]
+    assert table.loc["DDP", "communication buffers (MB)"] == table.loc["DDP", "gradients (MB)"]
 
 
 def test_the_collectives_drawing_ends_where_torchs_collectives_did(run):

@@ -45,6 +45,17 @@ def peaks_agree(tracked, **rules):
                                                     r["tracked_peak"]) for r in tracked}
 
 
+def forward_points_agree(tracked, **rules):
+    """Which (rank, block) forward points peak_plan, with these rules, gets within its
+    tolerance of FSDPMemTracker's peak in that block's forward (its all-gather included)."""
+    model = WideMLP(WIDTH, DEPTH)
+    points = [row["points"] for row in peak_plan(model, BATCH, RANKS, torch.float64,
+                                                 units=model.blocks, rules=rules)["FSDP"]]
+    return {(r["rank"], block): peak_agrees(points[r["rank"]][f"forward of {block}"], value)
+            for r in tracked if r["strategy"] == "FSDP"
+            for block, value in r["forward_peaks"].items()}
+
+
 @pytest.fixture(scope="module")
 def predicted():
     model = WideMLP(WIDTH, DEPTH)
@@ -95,6 +106,17 @@ def test_every_ranks_peak_is_the_tracked_one_within_the_tolerance(tracked):
 def test_a_rule_left_out_fails_the_check(tracked, rule, strategies):
     agree = peaks_agree(tracked, **{rule: False})
     assert {strategy for (strategy, _), ok in agree.items() if not ok} == strategies
+
+
+def test_each_blocks_forward_peak_is_the_tracked_one(tracked):
+    agree = forward_points_agree(tracked)
+    assert len(agree) == RANKS * DEPTH and all(agree.values()), agree
+
+
+def test_without_the_previous_units_all_gather_buffer_every_forward_point_fails(tracked):
+    """Here FSDP's peak falls in backward, so the forward points are checked on their own:
+    each block is copied out of its all-gather output beside the previous unit's."""
+    assert not any(forward_points_agree(tracked, **{"all-gather buffers": False}).values())
 
 
 def test_ddps_buckets_cost_a_copy_of_the_gradients_unless_they_are_the_gradients(tracked):
