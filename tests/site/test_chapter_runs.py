@@ -235,6 +235,16 @@ def test_every_ranks_predicted_peak_is_the_one_torchs_tracker_saw():
     blind = plan_for(settings, peak_plan, rules={"all-gather buffers": False})
     assert not any(peak_agrees(blind["FSDP"][rank]["peak"], record["tracked_peak"])
                    for (strategy, rank), record in tracked.items() if strategy == "FSDP")
+    # Each block's forward, its copy-out beside the previous unit's all-gather output, is
+    # FSDPMemTracker's peak there; without that buffer every forward point is missed
+    for rules, agree in (({}, all), ({"all-gather buffers": False}, lambda oks: not any(oks))):
+        planned = plan_for(settings, peak_plan, rules=rules)["FSDP"]
+        oks = [peak_agrees(planned[rank]["points"][f"forward of {block}"], value)
+               for (strategy, rank), record in tracked.items() if strategy == "FSDP"
+               for block, value in record["forward_peaks"].items()]
+        assert len(oks) == 4 * settings["depth"] and agree(oks), (rules, oks)
+    forward = f"{4 * settings['depth']} of {4 * settings['depth']} points within 3%"
+    assert forward in output, output
 
 # The whole build ------------------------------------------------------------------------------
 def test_the_build_left_no_process_behind():
