@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from ddp_scripts.cli import (HELD_FOLDERS, NothingToDo, RunStopped, UsageError, cannot_write,
                              first_line, say)
-from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY, logged_epochs, metrics_rows
+from ddp_scripts.runfiles import (CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs,
+                                  metrics_rows)
 
 try:
     import fcntl
@@ -68,7 +69,7 @@ def training_settings(args):
     optimizer's settings and the data each step sees. The number of ranks may change, if
     the global batch stays the same (see check_same_training)."""
     return {"lr": args.lr, "momentum": args.momentum, "train_samples": args.train_samples,
-            "global_batch_size": args.batch_size * world_size(),
+            "seed": args.seed, "global_batch_size": args.batch_size * world_size(),
             "batch_size": args.batch_size, "world_size": world_size()}
 
 
@@ -76,7 +77,7 @@ def check_same_training(saved, args, where):
     """Refuse, in one line, a resume whose options would train differently from the run in
     `where`. `saved`: training_settings of that run (older checkpoints lack some: not checked)."""
     now = training_settings(args)
-    for option in ("lr", "momentum", "train_samples"):
+    for option in ("lr", "momentum", "train_samples", "seed"):
         if option in saved and saved[option] != now[option]:
             flag = "--" + option.replace("_", "-")
             raise UsageError(f"{where} was trained with {flag} {saved[option]} and this run "
@@ -100,24 +101,37 @@ def prepare_out_dir(args):
     """
     out = Path(args.out)
     claim_out_dir(out)
-    holds_run = (out / METRICS).exists() or (out / CHECKPOINT).exists()
+    holds_run = any((out / name).exists() for name in (METRICS, CHECKPOINT, SUMMARY))
     if holds_run and not (args.resume or args.overwrite):
         raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
                          "--overwrite to replace it, or choose another --out")
     if not args.resume:
         return None
+    if (out / SHARDED_CHECKPOINT).exists():
+        raise UsageError(f"{out} holds a train_fsdp.py run ({SHARDED_CHECKPOINT}): resume it "
+                         "with train_fsdp.py, or pass --overwrite to start again")
     if not (out / CHECKPOINT).exists():
-        logged = logged_epochs(out)
-        if logged and logged != [1]:  # [1]: a crash after epoch 1 was logged, before its checkpoint
-            raise UsageError(f"{out} holds epochs {logged} but no {CHECKPOINT}: restore it, "
-                             "or pass --overwrite to start again")
-        return None  # nothing to resume: start fresh
+        return start_again_without_checkpoint(out)
     checkpoint = load_checkpoint(out / CHECKPOINT, expect=run_identity(args))
     stop_if_nothing_to_do(checkpoint["epoch"], args, out / CHECKPOINT)
     group = checkpoint["optimizer"].get("param_groups", [{}])[0]
     saved = {key: group[key] for key in ("lr", "momentum") if key in group}
     check_same_training({**checkpoint.get("trained", {}), **saved}, args, out / CHECKPOINT)
     return checkpoint
+
+
+def start_again_without_checkpoint(out):
+    """--resume, and OUT has no checkpoint: start fresh only if nothing trained is lost. Epoch
+    1 logged, no run.json: a crash after epoch 1 was logged, before its checkpoint."""
+    logged = logged_epochs(out)
+    if logged == [1] and not (out / SUMMARY).exists():
+        say(f"{out} holds epoch 1 but not its {CHECKPOINT} (cut short before it was saved): "
+            "training from epoch 1 again")
+    elif logged or (out / SUMMARY).exists():
+        held = f"epochs {logged}" if logged else f"a {SUMMARY}"
+        raise UsageError(f"{out} holds {held} but no {CHECKPOINT}: restore it, "
+                         "or pass --overwrite to start again")
+    return None
 
 
 def stop_if_nothing_to_do(epoch, args, where):
@@ -129,7 +143,8 @@ def stop_if_nothing_to_do(epoch, args, where):
 
 
 def start_out_dir(args, checkpoint):
-    """Set up OUT: keep only the epochs the checkpoint has, or start empty.
+    """Set up OUT: keep only the epochs the checkpoint has, or start empty (no metrics, no
+    checkpoint.pt, no run.json).
 
     After a crash OUT may hold an epoch logged just before its checkpoint was due (it is
     trained again, so its line goes), half a line, or the temporary file of a save that
@@ -142,11 +157,22 @@ def start_out_dir(args, checkpoint):
         kept = [row for row in metrics_rows(out) if row["epoch"] <= checkpoint["epoch"]]
     write_atomically(out / METRICS, lambda f: f.write("".join(json.dumps(row) + "\n"
                                                               for row in kept)), mode="w")
-    (out / SUMMARY).unlink(missing_ok=True)
+    (out / SUMMARY).unlink(missing_ok=True)  # prepare_out_dir let only a run's own through
+    if checkpoint is None:  # --overwrite: the replaced run's checkpoint would look like ours
+        (out / CHECKPOINT).unlink(missing_ok=True)
     for name in (METRICS, CHECKPOINT, SUMMARY):  # what write_atomically leaves when cut short
         for unfinished in out.glob(f".{name}.tmp*"):
             if unfinished.name.removeprefix(f".{name}.tmp").isdigit():
                 unfinished.unlink(missing_ok=True)
+
+
+def check_same_data(out, source):
+    """After start_out_dir: the epochs kept were trained on `source`, the data this run loaded
+    (not so if CIFAR-10 was placed, or lost, since a run fell back to the synthetic set)."""
+    trained_on = {row.get("dataset", source) for row in metrics_rows(out)}
+    if trained_on - {source}:
+        raise UsageError(f"{out} was trained on {', '.join(sorted(trained_on))} data and this "
+                         f"run loaded {source}: pass --overwrite to start again on it")
 
 
 def append_metrics(out, record):

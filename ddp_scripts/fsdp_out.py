@@ -27,10 +27,11 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from ddp_scripts import checkpoints
 from ddp_scripts.checkpoints import (append_metrics, check_same_training, claim_out_dir,
-                                    epoch_record, run_identity, stop_if_nothing_to_do,
-                                    write_atomically)
+                                    epoch_record, load_checkpoint, run_identity,
+                                    stop_if_nothing_to_do, training_settings, write_atomically)
 from ddp_scripts.cli import UsageError, first_line, say
-from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, logged_epochs
+from ddp_scripts.runfiles import (CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs,
+                                  metrics_rows)
 from ddp_scripts.sharding import bytes_per_rank
 
 CHECKPOINT_INFO = "checkpoint.json"  # inside OUT/checkpoint.dcp, next to DCP's .metadata
@@ -53,7 +54,8 @@ def prepare_out_dir(args, global_batch_size):
     rank 0 calls it (on_rank_0)."""
     out = Path(args.out)
     claim_out_dir(out)
-    holds_run = any((out / name).exists() for name in (METRICS, CHECKPOINT, SHARDED_CHECKPOINT))
+    holds_run = any((out / name).exists()
+                    for name in (METRICS, CHECKPOINT, SUMMARY, SHARDED_CHECKPOINT))
     if holds_run and not (args.resume or args.overwrite):
         raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
                          "--overwrite to replace it, or choose another --out")
@@ -61,8 +63,12 @@ def prepare_out_dir(args, global_batch_size):
         return None
     folder = out / SHARDED_CHECKPOINT
     if not folder.exists():
+        previous = folder.with_name(folder.name + ".old")  # see save_sharded
+        strategy = next((row.get("strategy") for row in metrics_rows(out)[::-1]), "fsdp")
+        if strategy != "fsdp":  # a run of the other scripts, which save no sharded checkpoint
+            raise UsageError(f"{out} holds a run of another script ({strategy}, {CHECKPOINT}): "
+                             "resume it with that script, or pass --overwrite")
         if logged_epochs(out):  # starting again would throw away epochs that were trained
-            previous = folder.with_name(folder.name + ".old")  # see save_sharded
             hint = (f"rename {previous.name} to {folder.name}" if previous.exists()
                     else "restore it")
             raise UsageError(f"{out} holds epochs {logged_epochs(out)} but no sharded checkpoint "
@@ -77,14 +83,28 @@ def prepare_out_dir(args, global_batch_size):
     if info["identity"] != sharded_identity(args):
         raise UsageError(f"{folder} belongs to another run ({info['identity']}), not "
                          f"{sharded_identity(args)}; use another --out or --overwrite")
+    refuse_if_trained_on_since(out, info["epoch"])
     stop_if_nothing_to_do(info["epoch"], args, folder)
-    check_same_training({key: info[key] for key in ("lr", "momentum") if key in info}, args, folder)
+    check_same_training({key: info[key] for key in ("lr", "momentum", "seed", "train_samples")
+                         if key in info}, args, folder)
     if info["global_batch_size"] != global_batch_size:
         raise UsageError(f"{folder} was trained with a global batch of "
                          f"{info['global_batch_size']} and this run's is {global_batch_size}: "
                          f"pass --global-batch-size {info['global_batch_size']} to continue "
                          "the same training on this number of ranks")
     return info
+
+
+def refuse_if_trained_on_since(out, epoch):
+    """Another script resumed OUT/checkpoint.pt past the sharded checkpoint's epoch: resuming
+    that would throw its epochs away. (Epoch + 1 logged: a crash before its save, trained again.)"""
+    logged = max(logged_epochs(out), default=0)
+    if (out / CHECKPOINT).exists() and logged > epoch:
+        logged = max(logged, load_checkpoint(out / CHECKPOINT)["epoch"])
+    if logged > epoch + 1 or (logged > epoch and (out / CHECKPOINT).exists()):
+        raise UsageError(f"{out} was trained on to epoch {logged} by another script, past its "
+                         f"{SHARDED_CHECKPOINT} (epoch {epoch}): resume it with train_single.py "
+                         "or train_ddp.py, or pass --overwrite")
 
 
 def start_out_dir(args, checkpoint):
@@ -140,7 +160,8 @@ def save_sharded(out, model, optimizer, epoch, args, global_batch_size):
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=new)
     if dist.get_rank() == 0:  # dcp.save returns once every rank's shards and the plan are written
         info = {"epoch": epoch, "identity": sharded_identity(args), "lr": args.lr,
-                "momentum": args.momentum, "world_size": dist.get_world_size(),
+                "momentum": args.momentum, "seed": args.seed, "train_samples": args.train_samples,
+                "world_size": dist.get_world_size(),
                 "global_batch_size": global_batch_size}
         write_atomically(new / CHECKPOINT_INFO, lambda f: f.write(json.dumps(info)), mode="w")
         if folder.exists():
@@ -190,5 +211,5 @@ def export_full_checkpoint(args, model, optimizer):
     if dist.get_rank() == 0:
         info = json.loads((Path(args.out) / SHARDED_CHECKPOINT / CHECKPOINT_INFO).read_text())
         state = {"model": model_state, "optimizer": optimizer_state, "epoch": info["epoch"],
-                 "identity": info["identity"]}
+                 "identity": info["identity"], "trained": training_settings(args)}
         write_atomically(Path(args.out) / CHECKPOINT, lambda f: torch.save(state, f))

@@ -11,8 +11,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
-from ddp_scripts.checkpoints import write_atomically
+from ddp_scripts.checkpoints import check_same_data, write_atomically
 from ddp_scripts.devices import say_device
+from ddp_scripts.ranks import on_rank_0
 from ddp_scripts.runfiles import SUMMARY
 
 
@@ -29,7 +30,8 @@ def strategy_of(model):
 def run_context(args, device, model, threads, data_source, **levers):
     """What every line of metrics.jsonl records about how the run was made; `levers`: the
     options of chapter 10 (train_fast.py, speed.lever_settings). Rank 0 also says, once, on
-    which device the run trains."""
+    which device the run trains, and checks that a resumed run trains on the same data."""
+    on_rank_0(check_same_data, args.out, data_source)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     gpus = world_size if device.type == "cuda" else 0
     if isinstance(model, nn.DataParallel):

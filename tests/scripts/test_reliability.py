@@ -400,3 +400,88 @@ def test_the_benchmark_keeps_each_repeat_as_it_goes(tmp_path, monkeypatch):
     results = benchmark.load_results(out)
     assert results["finished"] is False
     assert [run["repeats"][0]["wall_s"] for run in results["runs"]] == [1.5]
+
+
+# --- What OUT holds, told apart ---------------------------------------------------------------
+def test_a_folder_holding_only_a_run_json_is_not_taken_over(tmp_path):
+    (tmp_path / SUMMARY).write_text('{"mine": 1}')
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", tmp_path)
+    assert_one_line_error(result, "already holds a run; pass --resume")
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--resume", "--out", tmp_path)
+    assert_one_line_error(result, f"holds a {SUMMARY} but no {CHECKPOINT}", "--overwrite")
+    assert (tmp_path / SUMMARY).read_text() == '{"mine": 1}'
+
+
+def test_an_overwrite_that_stops_in_epoch_1_leaves_no_old_checkpoint(finished, tmp_path):
+    out = copy_of(finished, tmp_path)
+    failed = run_in_process("train_single.py", *RUN, "--lr", "1e30", "--overwrite", "--out", out)
+    assert failed.returncode == 1 and "the loss became nan or inf at epoch 1" in failed.stderr
+    assert not (out / CHECKPOINT).exists() and logged_epochs(out) == []
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--resume", "--out", out)
+    assert result.returncode == 0 and "resuming" not in result.stdout, result.stdout
+
+
+def test_a_finished_1_epoch_run_without_its_checkpoint_is_refused(tmp_path):
+    """Epoch 1 and run.json: a finished run, not a crash before its first checkpoint."""
+    checkpoints.append_metrics(tmp_path, {"epoch": 1})
+    (tmp_path / SUMMARY).write_text("{}")
+    before = files_in(tmp_path)
+    result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", tmp_path)
+    assert_one_line_error(result, f"holds epochs [1] but no {CHECKPOINT}")
+    assert files_in(tmp_path) == before
+    (tmp_path / SUMMARY).unlink()  # the crash case: trained again, and said so
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--resume", "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"holds epoch 1 but not its {CHECKPOINT}" in result.stdout
+
+
+def test_a_resume_with_another_seed_is_refused(finished, tmp_path):
+    out = copy_of(finished, tmp_path)
+    result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--seed", "7", "--resume",
+                            "--out", out)
+    assert_one_line_error(result, "was trained with --seed 0 and this run asks for 7")
+
+
+def test_a_resume_on_other_data_than_the_epochs_kept_is_refused(finished, tmp_path):
+    """Epochs trained on the synthetic fallback, resumed where CIFAR-10 now loads."""
+    out = copy_of(finished, tmp_path)
+    rows = [{**row, "dataset": "synthetic (fallback)"} for row in checkpoints.metrics_rows(out)]
+    (out / METRICS).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", out)
+    assert_one_line_error(result, "was trained on synthetic (fallback) data and this run loaded "
+                                  "synthetic: pass --overwrite")
+    assert logged_epochs(out) == [1, 2]
+
+
+def _fsdp_folder(out, epoch, args):
+    folder = out / SHARDED_CHECKPOINT
+    folder.mkdir(parents=True)
+    info = {"epoch": epoch, "identity": fsdp_out.sharded_identity(args), "lr": 0.01,
+            "momentum": 0.9, "world_size": 1, "global_batch_size": 32}
+    (folder / fsdp_out.CHECKPOINT_INFO).write_text(json.dumps(info))
+
+
+def test_fsdp_and_the_other_scripts_do_not_resume_each_other_s_runs(finished, tmp_path):
+    out = copy_of(finished, tmp_path)  # a train_single.py run, resumed by train_fsdp.py
+    args = build_parser("test").parse_args([*RUN, "--resume", "--epochs", "4", "--out", str(out)])
+    args.width, args.depth = 8, 2
+    with pytest.raises(UsageError, match=r"holds a run of another script \(single"):
+        fsdp_out.prepare_out_dir(args, 32)
+    _fsdp_folder(out, 1, args)  # checkpoint.pt and metrics trained on past the sharded epoch 1
+    with pytest.raises(UsageError, match=r"trained on to epoch 2 by another script, past its "
+                                         r"checkpoint.dcp \(epoch 1\)"):
+        fsdp_out.prepare_out_dir(args, 32)
+    result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", out)
+    assert_one_line_error(result, "holds a train_fsdp.py run (checkpoint.dcp): resume it with "
+                                  "train_fsdp.py")
+
+
+def test_fsdp_s_whole_checkpoint_records_how_it_was_trained(tmp_path, monkeypatch):
+    args = build_parser("test").parse_args([*RUN, "--out", str(tmp_path)])
+    args.width, args.depth = 8, 2
+    _fsdp_folder(tmp_path, 2, args)
+    monkeypatch.setattr(fsdp_out, "full_state", lambda model, optimizer: ({}, {}))
+    monkeypatch.setattr(fsdp_out.dist, "get_rank", lambda: 0)
+    fsdp_out.export_full_checkpoint(args, None, None)
+    trained = torch.load(tmp_path / CHECKPOINT, weights_only=True)["trained"]
+    assert trained["global_batch_size"] == 32 and trained["train_samples"] == 512
