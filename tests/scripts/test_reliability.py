@@ -307,7 +307,10 @@ def test_ctrl_c_is_one_line(tmp_path):
     process = subprocess.Popen(
         [sys.executable, "ddp_scripts/train_single.py", "--dataset", "synthetic", "--train-samples",
          "20000", "--test-samples", "64", "--epochs", "50", "--device", "cpu", "--out", str(tmp_path / "run")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # A shell's background job (CI's, say) starts with SIGINT ignored, and a child keeps
+        # that: Python then installs no KeyboardInterrupt. A terminal's Ctrl-C finds it default.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert "training on" in process.stdout.readline()
         process.send_signal(signal.SIGINT)
