@@ -24,14 +24,17 @@ try:
 except ImportError:  # Windows: no flock, and OUT is not claimed
     fcntl = None
 
+LOCK = ".lock"  # in OUT: the file a run holds OUT by; left in place, empty, when the run ends
+
 
 def claim_out_dir(out):
     """Make OUT, check that it can be written, and hold it until the script ends.
 
-    The hold is an exclusive flock on the folder itself: a second run into OUT is refused
+    The hold is an exclusive flock on the file OUT/.lock: a second run into OUT is refused
     while this one runs. run_cli lets go when the script ends, and the kernel when the
-    process ends, however it ends. A file system that cannot lock folders (some network
-    disks) leaves OUT unclaimed.
+    process ends, however it ends. A file, not the folder: NFS shares a file's flock between
+    its clients (as a byte-range lock), not a folder's. Where no lock can be had, OUT is
+    unclaimed, said in one line.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -47,17 +50,21 @@ def claim_out_dir(out):
     key = os.path.realpath(out)
     if key in HELD_FOLDERS:
         return
-    descriptor = os.open(out, os.O_RDONLY) if fcntl is not None else None
+    descriptor = None
     try:
-        if descriptor is not None:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        descriptor = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(descriptor)
         raise UsageError(f"{out} is in use by another run, still running: wait for it to end, "
                          "or choose another --out") from None
-    except OSError:
-        pass  # no locks on this file system
-    HELD_FOLDERS[key] = (descriptor, made)
+    except (OSError, AttributeError) as error:  # AttributeError: no fcntl (Windows)
+        if descriptor is not None:
+            os.close(descriptor)
+            descriptor = None
+        reason = "no flock here" if fcntl is None else error.strerror or first_line(error)
+        say(f"{out} cannot be locked ({reason}): nothing stops another run from writing there")
+    HELD_FOLDERS[key] = (descriptor, made, out / LOCK)
 
 
 def world_size():

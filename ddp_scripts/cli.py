@@ -22,16 +22,19 @@ class NothingToDo(Exception):
 
 
 # The folders this process holds while its script runs (checkpoints.claim_out_dir): each
-# path's open, locked descriptor (or None), and the folders the claim made, deepest first.
+# path's open, locked descriptor (or None), the folders the claim made, deepest first, and
+# the lock file.
 HELD_FOLDERS = {}
 
 
 def let_go_of_folders():
     """run_cli's last step: unlock the folders held, and remove those the claim made if the
     script left nothing in them (it stopped before it started)."""
-    for descriptor, made in HELD_FOLDERS.values():
+    for descriptor, made, lock in HELD_FOLDERS.values():
         if descriptor is not None:
             os.close(descriptor)  # and with it the lock
+        if made and os.listdir(made[0]) == [lock.name]:  # the claim made OUT and nothing more
+            lock.unlink()
         for folder in made:
             try:
                 os.rmdir(folder)  # only if empty

@@ -24,7 +24,7 @@ from torch.distributed.checkpoint import CheckpointException
 from ddp_scripts import checkpoints, fsdp_out
 from ddp_scripts.measure import benchmark
 from ddp_scripts.checkpoints import prepare_out_dir, start_out_dir, write_atomically
-from ddp_scripts.cli import NothingToDo, UsageError
+from ddp_scripts.cli import NothingToDo, UsageError, let_go_of_folders
 from ddp_scripts.launcher import LaunchError, failure, run_command, run_script, torchrun_command
 from ddp_scripts.options import build_parser
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs
@@ -49,8 +49,10 @@ def copy_of(run, tmp_path):
 
 
 def files_in(out):
-    """Every file in OUT and its bytes: what a refused or empty run must leave as it was."""
-    return {path.name: path.read_bytes() for path in Path(out).iterdir() if path.is_file()}
+    """Every file in OUT and its bytes: what a refused or empty run must leave as it was
+    (besides the empty file that it claimed OUT by)."""
+    return {path.name: path.read_bytes() for path in Path(out).iterdir()
+            if path.is_file() and path.name != checkpoints.LOCK}
 
 
 # --- The folder ----------------------------------------------------------------------------
@@ -98,7 +100,7 @@ def test_a_second_run_into_a_held_folder_is_refused(finished, tmp_path):
     """While a run holds OUT (its flock), another run into it, --overwrite or not, stops."""
     out = copy_of(finished, tmp_path)
     before = files_in(out)
-    holder = os.open(out, os.O_RDONLY)
+    holder = os.open(out / checkpoints.LOCK, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the first run holds it
         for extra in ([], ["--overwrite"], ["--resume", "--epochs", "3"]):
@@ -116,7 +118,7 @@ def test_a_run_lets_go_of_its_folder_even_when_it_fails(tmp_path):
     out = tmp_path / "run"
     failed = run_in_process("train_single.py", *RUN, "--lr", "1e30", "--out", out)
     assert failed.returncode == 1 and "the loss became nan" in failed.stderr
-    holder = os.open(out, os.O_RDONLY)
+    holder = os.open(out / checkpoints.LOCK, os.O_RDWR)
     try:
         fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if still held
     finally:
@@ -130,7 +132,7 @@ def test_a_new_run_removes_only_the_temporary_files_of_its_own_kind(tmp_path):
     args = build_parser("test").parse_args(["--out", str(tmp_path)])
     start_out_dir(args, prepare_out_dir(args))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        ".env.tmpl", ".metrics.jsonl.tmpl", ".notes.tmp", "data.csv", METRICS]
+        ".env.tmpl", checkpoints.LOCK, ".metrics.jsonl.tmpl", ".notes.tmp", "data.csv", METRICS]
 
 
 def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path):
@@ -488,3 +490,24 @@ def test_fsdp_s_whole_checkpoint_records_how_it_was_trained(tmp_path, monkeypatc
     fsdp_out.export_full_checkpoint(args, None, None)
     trained = torch.load(tmp_path / CHECKPOINT, weights_only=True)["trained"]
     assert trained["global_batch_size"] == 32 and trained["train_samples"] == 512
+
+
+def test_the_claim_is_a_lock_on_a_file_which_network_disks_share(tmp_path, monkeypatch, capsys):
+    """NFS shares a file's flock between its clients, not a folder's; no lock at all (flock
+    refused: ENOLCK) is said in one line, and the run goes on."""
+    out = tmp_path / "run"
+    checkpoints.claim_out_dir(out)
+    try:
+        with open(out / checkpoints.LOCK, "w") as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        let_go_of_folders()
+
+    def no_locks(descriptor, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+    monkeypatch.setattr(checkpoints.fcntl, "flock", no_locks)
+    checkpoints.claim_out_dir(tmp_path / "other")
+    let_go_of_folders()
+    assert capsys.readouterr().out == (f"[rank 0] {tmp_path / 'other'} cannot be locked (No locks "
+                                       "available): nothing stops another run from writing there\n")
