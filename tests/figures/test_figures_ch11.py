@@ -151,3 +151,21 @@ def test_a_drawing_that_sums_instead_of_averaging_fails_the_check(run, monkeypat
     _, gaps = draw_collectives(axes, read_collectives(out / "collectives.json"))
     plt.close(fig)
     assert gaps["shard after reduce-scatter"] > 1e-3 and gaps["whole after all-gather"] == 0
+
+
+def test_a_gap_over_half_a_percent_is_named_and_gloos_clone_only_on_gloo():
+    import pandas as pd
+    from notebooks.fsdp_memory import gap_notes
+    checked = pd.DataFrame([
+        {"strategy": "DDP", "rank": 0, "predicted peak (MB)": 10.0, "tracked (MB)": 10.01,
+         "gap (%)": 0.1},
+        {"strategy": "FSDP", "rank": 0, "predicted peak (MB)": 10.0, "tracked (MB)": 10.3,
+         "gap (%)": 2.9}]).set_index(["strategy", "rank"])
+    predicted = {"DDP": [{}], "FSDP": [{"gloo clone": 1e6}]}  # one block's input: 1 MB
+    gloo = gap_notes(checked, predicted, {("DDP", 0): {"device": "cpu"},
+                                          ("FSDP", 0): {"device": "cpu"}})
+    assert len(gloo) == 1 and "FSDP, rank 0: the tracker holds +0.30 MB" in gloo[0]
+    assert "clone gloo's reduce-scatter keeps" in gloo[0]
+    nccl = gap_notes(checked, predicted, {("DDP", 0): {"device": "cuda"},
+                                          ("FSDP", 0): {"device": "cuda"}})
+    assert len(nccl) == 1 and "clone" not in nccl[0]
