@@ -5,8 +5,9 @@ RunStopped: one line, exit status 1. A run with nothing to do is a NothingToDo: 
 exit status 0. say() prints one line, tagged with the process's rank.
 """
 import os
+import signal
 import sys
-
+import threading
 
 
 class UsageError(Exception):
@@ -15,6 +16,14 @@ class UsageError(Exception):
 
 class RunStopped(Exception):
     """The run cannot go on (its loss stopped being finite): one line on stderr, exit status 1."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, torchrun or a job scheduler ending the run): handled as Ctrl-C is."""
+
+
+def _terminated(signal_number, frame):
+    raise Terminated
 
 
 class NothingToDo(Exception):
@@ -62,11 +71,15 @@ def run_cli(main):
     rank = os.environ.get("RANK")  # checked by ranks.require_torchrun, if the script needs it
     rank = int(rank) if rank and rank.isdigit() else None
     tag = f"[rank {rank}] " if rank is not None else ""
+    main_thread = threading.current_thread() is threading.main_thread()  # where signals go
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         try:
             main()
         finally:  # the process may go on (a test runs the script in its own process)
             let_go_of_folders()
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous)
     except NothingToDo as error:
         if not rank:
             say(str(error))
@@ -77,9 +90,14 @@ def run_cli(main):
         sys.stderr.flush()                         # the error file cannot be written
         _write_error_file(error, exit_code=status, rank=rank, with_stack=False)
         sys.exit(status)
-    except KeyboardInterrupt:  # Ctrl-C: the files are as the last finished epoch left them
-        sys.stderr.write(f"{tag}interrupted (Ctrl-C); the last checkpoint saved, if any, "
+    except KeyboardInterrupt as error:  # the files are as the last finished epoch left them
+        how = "SIGTERM" if isinstance(error, Terminated) else "Ctrl-C"
+        sys.stderr.write(f"{tag}interrupted ({how}); the last checkpoint saved, if any, "
                          "is whole\n")
+        if isinstance(error, Terminated):  # end by the signal, as torchrun and shells expect
+            sys.stderr.flush()             # (exit status 143 in a shell, -15 in Python)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
         sys.exit(130)
     except Exception as error:
         _write_error_file(error, exit_code=1, rank=rank)

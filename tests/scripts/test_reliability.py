@@ -305,7 +305,9 @@ def test_workers_are_checked_as_they_are_read(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_ctrl_c_is_one_line(tmp_path):
+@pytest.mark.parametrize("sent, name, status", [(signal.SIGINT, "Ctrl-C", 130),
+                                                (signal.SIGTERM, "SIGTERM", -signal.SIGTERM)])
+def test_ctrl_c_or_sigterm_is_one_line(tmp_path, sent, name, status):
     process = subprocess.Popen(
         [sys.executable, "ddp_scripts/train_single.py", "--dataset", "synthetic", "--train-samples",
          "20000", "--test-samples", "64", "--epochs", "50", "--device", "cpu", "--out", str(tmp_path / "run")],
@@ -315,12 +317,12 @@ def test_ctrl_c_is_one_line(tmp_path):
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert "training on" in process.stdout.readline()
-        process.send_signal(signal.SIGINT)
+        process.send_signal(sent)
         _, stderr = process.communicate()  # no clock of its own: pytest-timeout ends a hang
     finally:
         process.kill()  # no stray process if an assertion or the timeout ends the test
-    assert process.returncode == 130, stderr
-    assert stderr.splitlines() == ["interrupted (Ctrl-C); the last checkpoint saved, if any, is "
+    assert process.returncode == status, stderr
+    assert stderr.splitlines() == [f"interrupted ({name}); the last checkpoint saved, if any, is "
                                    "whole"], stderr
 
 
