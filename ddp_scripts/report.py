@@ -14,7 +14,8 @@ from torch.distributed.fsdp import FSDPModule
 from ddp_scripts.checkpoints import check_same_data, write_atomically
 from ddp_scripts.devices import say_device
 from ddp_scripts.ranks import on_rank_0
-from ddp_scripts.runfiles import SUMMARY
+from ddp_scripts.cli import RunStopped
+from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY
 
 
 def strategy_of(model):
@@ -57,8 +58,13 @@ def write_summary(out, model, device, train_start, args, **extra):
                "startup_s": train_start - start, "train_s": end - train_start,
                "total_s": end - start, "hardware": describe_hardware(device), "args": vars(args),
                **extra}
-    write_atomically(Path(out) / SUMMARY, lambda f: f.write(json.dumps(summary, indent=1)),
-                     mode="w")
+    try:
+        write_atomically(Path(out) / SUMMARY, lambda f: f.write(json.dumps(summary, indent=1)),
+                         mode="w")
+    except OSError as error:  # a full disk, say: the training itself is saved
+        raise RunStopped(f"cannot write {SUMMARY} in {out} ({error.strerror or error}); the "
+                         f"training is saved: {METRICS} and {CHECKPOINT} of the last epoch are "
+                         "whole") from None
 
 
 def seconds_since_start():

@@ -513,3 +513,16 @@ def test_the_claim_is_a_lock_on_a_file_which_network_disks_share(tmp_path, monke
     let_go_of_folders()
     assert capsys.readouterr().out == (f"[rank 0] {tmp_path / 'other'} cannot be locked (No locks "
                                        "available): nothing stops another run from writing there\n")
+
+
+def test_a_run_json_that_cannot_be_written_says_the_training_is_saved(tmp_path, monkeypatch):
+    from ddp_scripts import report
+
+    def full_disk(path, write, mode="wb"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(report, "write_atomically", full_disk)
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", tmp_path)
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        f"error: cannot write {SUMMARY} in {tmp_path} (No space left on device); the training "
+        f"is saved: {METRICS} and {CHECKPOINT} of the last epoch are whole"], result.stderr
+    assert logged_epochs(tmp_path) == [1] and (tmp_path / CHECKPOINT).exists()
