@@ -57,7 +57,7 @@ def unreliable(found):
     else ""."""
     if found.get("reliable", True):
         return ""
-    return (f" (unreliable: its {SPREAD_GROUPS} runs of steps spread {found['spread']:.1f}x, "
+    return (f" (unreliable: its {SPREAD_GROUPS} runs of steps spread {found['spread']:.2f}x, "
             f"more than {benchmark.RELIABLE_SPREAD}x)")
 
 
@@ -201,7 +201,7 @@ def ratio_from_parts_lines(results, runs, case="batch 64"):
             "on the size: each run got what the other work left it" if load > cores else
             f"they disagree on the size, on a machine not overloaded (load average up to "
             f"{load:.2f} on {cores} cores)")
-    lines.append(f"The two ratios are {apart:.1f}x apart, more than the "
+    lines.append(f"The two ratios are {apart:.2f}x apart, more than the "
                  f"{benchmark.RELIABLE_SPREAD}x the benchmark allows between the epochs of "
                  f"one run: {said}.")
     return lines

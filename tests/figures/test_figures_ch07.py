@@ -132,11 +132,11 @@ def test_the_ratio_from_the_parts_stands_beside_the_benchmarks(runs):
     assert lines[1].endswith(f"= {parts['ratio']:.2f}x.")
     shaky = [run for run in runs.values() if not run["cases"]["batch 64"]["reliable"]]
     assert ("Step parts: " in lines[2]) == bool(shaky)
-    assert all(f"spread {run['cases']['batch 64']['spread']:.1f}x" in lines[2] for run in shaky)
+    assert all(f"spread {run['cases']['batch 64']['spread']:.2f}x" in lines[2] for run in shaky)
     agree = (bench < 1) == (parts["ratio"] < 1)
     assert lines[-2].startswith("Both say" if agree else "The two disagree")
     apart = max(bench, parts["ratio"]) / min(bench, parts["ratio"])
-    assert lines[-1].startswith(f"The two ratios are {apart:.{2 if apart <= 1.5 else 1}f}x apart")
+    assert lines[-1].startswith(f"The two ratios are {apart:.2f}x apart")
     assert ("they agree" in lines[-1]) == (apart <= 1.5)
     for run in results["runs"]:  # the other direction: the sentence follows the numbers
         if run["config"] == "ddp":
@@ -145,7 +145,7 @@ def test_the_ratio_from_the_parts_stands_beside_the_benchmarks(runs):
     assert flipped[-2].startswith("The two disagree" if agree else "Both say")
     far = max(bench * 1e3, parts["ratio"]) / min(bench * 1e3, parts["ratio"]) if bench < 1 \
         else max(bench * 1e-3, parts["ratio"]) / min(bench * 1e-3, parts["ratio"])
-    assert flipped[-1].startswith(f"The two ratios are {far:.1f}x apart, more than the 1.5x")
+    assert flipped[-1].startswith(f"The two ratios are {far:.2f}x apart, more than the 1.5x")
     loaded = max(run["load_average"][0] for run in runs.values()) > \
         min(run["usable_cores"] for run in runs.values())
     assert ("under this load" in flipped[-1]) == loaded
@@ -156,11 +156,11 @@ def test_the_ratio_from_the_parts_stands_beside_the_benchmarks(runs):
 def test_an_unreliable_case_and_an_untimed_all_reduce_are_said(runs):
     case = runs["two-processes"]["cases"]["batch 8"]
     kept = dict(case)
-    case.update({"reliable": False, "spread": 2.345, "communication timed": False,
+    case.update({"reliable": False, "spread": 2.5, "communication timed": False,
                  "communication untimed": "under NCCL ..."})
     try:
         lines = ch07_figures.verdict(runs, "batch 8")
-        assert "  2 processes x 1 thread (unreliable: its 4 runs of steps spread 2.3x, more " \
+        assert "  2 processes x 1 thread (unreliable: its 4 runs of steps spread 2.50x, more " \
                "than 1.5x)." in lines
         assert all(line.endswith("(unreliable).") for line in lines if " than 1 process" in line)
         assert ch07_figures.communication_lines(runs, "batch 8") == [
