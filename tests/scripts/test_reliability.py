@@ -24,7 +24,7 @@ from torch.distributed.checkpoint import CheckpointException
 from ddp_scripts import checkpoints, fsdp_out
 from ddp_scripts.measure import benchmark
 from ddp_scripts.checkpoints import prepare_out_dir, start_out_dir, write_atomically
-from ddp_scripts.cli import NothingToDo, UsageError, let_go_of_folders
+from ddp_scripts.cli import NothingToDo, RunStopped, UsageError, let_go_of_folders
 from ddp_scripts.launcher import LaunchError, failure, run_command, run_script, torchrun_command
 from ddp_scripts.options import build_parser
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs
@@ -526,3 +526,29 @@ def test_a_run_json_that_cannot_be_written_says_the_training_is_saved(tmp_path, 
         f"error: cannot write {SUMMARY} in {tmp_path} (No space left on device); the training "
         f"is saved: {METRICS} and {CHECKPOINT} of the last epoch are whole"], result.stderr
     assert logged_epochs(tmp_path) == [1] and (tmp_path / CHECKPOINT).exists()
+
+
+def test_a_sharded_save_that_fails_says_what_was_kept(tmp_path, monkeypatch):
+    """A disk that fills while DCP writes epoch 2's shards: one line, the half-written
+    checkpoint.dcp.next gone, epoch 1's checkpoint.dcp whole."""
+    args = build_parser("test").parse_args([*RUN, "--epochs", "3", "--out", str(tmp_path)])
+    args.width, args.depth = 8, 2
+    _fsdp_folder(tmp_path, 1, args)
+
+    def full_disk(state, checkpoint_id):
+        Path(checkpoint_id).mkdir()
+        (Path(checkpoint_id) / "__0_0.distcp").write_bytes(b"half")
+        raise CheckpointException("save", {0: (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+                                               None)})
+    monkeypatch.setattr(fsdp_out.dcp, "save", full_disk)
+    monkeypatch.setattr(fsdp_out, "get_state_dict", lambda model, optimizer: ({}, {}))
+    monkeypatch.setattr(fsdp_out, "bytes_per_rank", lambda *held: {})
+    monkeypatch.setattr(fsdp_out.dist, "get_rank", lambda: 0)
+    totals = torch.tensor([1.0, 4.0, 1.0], dtype=torch.float64)
+    with pytest.raises(RunStopped) as stopped:
+        fsdp_out.save_epoch(args, 2, None, None, totals, totals, 1.0,
+                            {"device": "cpu", "global_batch_size": 32})
+    assert str(stopped.value) == (f"cannot save epoch 2 in {tmp_path} (No space left on device); "
+                                  f"{SHARDED_CHECKPOINT} of epoch 1 is whole: --resume continues "
+                                  "from it")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [SHARDED_CHECKPOINT, METRICS]
