@@ -3,12 +3,13 @@ without a process group, so that train_single.py can call the same functions.
 """
 import datetime
 import os
+import re
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ddp_scripts.cli import NothingToDo, UsageError
+from ddp_scripts.cli import NothingToDo, RunStopped, UsageError, first_line
 
 
 def backend_for(device):
@@ -46,9 +47,15 @@ def init_process_group(device, timeout_s):
         # device_id only binds the group; a bare "cuda" tensor (all_gather_object's
         # staging, below) still lands on the current device, which must be this one.
         torch.cuda.set_device(device)
-    dist.init_process_group(backend=backend_for(device),
-                            timeout=datetime.timedelta(seconds=timeout_s),
-                            device_id=device if device.type == "cuda" else None)
+    try:
+        dist.init_process_group(backend=backend_for(device),
+                                timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+    except (dist.DistStoreError, dist.DistNetworkError) as error:  # a rank never came
+        joined = re.search(r"(\d+)/(\d+) clients joined", str(error))
+        who = f"{joined[1]} of {joined[2]} ranks" if joined else "not every rank"
+        raise RunStopped(f"{who} joined within --timeout-s {timeout_s:g} ({first_line(error)}): "
+                         "start every rank, with the same MASTER_ADDR and MASTER_PORT") from None
     check_one_gpu_per_rank(device)
 
 

@@ -552,3 +552,19 @@ def test_a_sharded_save_that_fails_says_what_was_kept(tmp_path, monkeypatch):
                                   f"{SHARDED_CHECKPOINT} of epoch 1 is whole: --resume continues "
                                   "from it")
     assert sorted(p.name for p in tmp_path.iterdir()) == [SHARDED_CHECKPOINT, METRICS]
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_never_comes_is_one_line(tmp_path, monkeypatch):
+    """WORLD_SIZE=2 set by hand, rank 1 never started: rank 0 waits --timeout-s, then says so."""
+    import socket
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    for name, value in {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)
+    result = run_in_process("train_ddp.py", *RUN, "--timeout-s", "2", "--out", tmp_path / "run")
+    assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("[rank 0] error: 1 of 2 ranks joined within --timeout-s 2 ("), \
+        result.stderr
