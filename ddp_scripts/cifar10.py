@@ -32,8 +32,19 @@ def how_to_place(data_dir):
             "by hand and run again")
 
 
-def fetch_archive(data_dir, url=None, limit_s=DOWNLOAD_TIMEOUT_S, stall_s=STALL_S):
-    """The CIFAR-10 archive in data_dir, downloaded within limit_s seconds if it is not there.
+def download_limits():
+    """(the whole download, one read) in seconds: DOWNLOAD_TIMEOUT_S and STALL_S, or half the
+    process group's timeout (--timeout-s) if that is shorter: the other ranks wait for rank
+    0's download in a collective, which fails after that timeout."""
+    from ddp_scripts import ranks
+    group = ranks.GROUP_TIMEOUT_S if dist.is_initialized() else None
+    half = group / 2 if group else DOWNLOAD_TIMEOUT_S
+    return min(DOWNLOAD_TIMEOUT_S, half), min(STALL_S, half)
+
+
+def fetch_archive(data_dir, url=None, limit_s=None, stall_s=None):
+    """The CIFAR-10 archive in data_dir, downloaded within limit_s seconds if it is not there
+    (by default download_limits()).
 
     The download goes to a .part file, renamed only when whole: a run stopped half-way leaves
     nothing that looks like the archive. Raises OSError in one line, saying how to place it."""
@@ -48,6 +59,8 @@ def fetch_archive(data_dir, url=None, limit_s=DOWNLOAD_TIMEOUT_S, stall_s=STALL_
                           f"replace it: {ARCHIVE_BYTES:,} bytes")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    limit_s, stall_s = (given if given is not None else default
+                        for given, default in zip((limit_s, stall_s), download_limits()))
     part = target.with_name(f"{ARCHIVE}.{os.getpid()}.part")
     deadline = time.monotonic() + limit_s
     try:

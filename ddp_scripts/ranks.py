@@ -37,6 +37,9 @@ def require_torchrun(script):
                          "WORLD_SIZE and LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE")
 
 
+GROUP_TIMEOUT_S = None  # the group's timeout, once init_process_group has made it
+
+
 def init_process_group(device, timeout_s):
     """Join the group torchrun set up (MASTER_ADDR, RANK, WORLD_SIZE in the environment).
     On a GPU the group is bound to this process's device (device_id), so that nccl's
@@ -56,6 +59,8 @@ def init_process_group(device, timeout_s):
         who = f"{joined[1]} of {joined[2]} ranks" if joined else "not every rank"
         raise RunStopped(f"{who} joined within --timeout-s {timeout_s:g} ({first_line(error)}): "
                          "start every rank, with the same MASTER_ADDR and MASTER_PORT") from None
+    global GROUP_TIMEOUT_S
+    GROUP_TIMEOUT_S = timeout_s  # a download the other ranks wait for must end well within it
     check_one_gpu_per_rank(device)
 
 

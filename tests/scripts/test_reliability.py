@@ -568,3 +568,14 @@ def test_a_rank_that_never_comes_is_one_line(tmp_path, monkeypatch):
     assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith("[rank 0] error: 1 of 2 ranks joined within --timeout-s 2 ("), \
         result.stderr
+
+
+def test_a_download_the_other_ranks_wait_for_ends_within_half_their_timeout(monkeypatch):
+    """Under torchrun --timeout-s 10, rank 0 gives up a stalled CIFAR-10 download after 5 s,
+    not 300 s: the others, waiting in a collective, would fail first, each in a traceback."""
+    from ddp_scripts import cifar10, ranks
+    assert cifar10.download_limits() == (cifar10.DOWNLOAD_TIMEOUT_S, cifar10.STALL_S)
+    monkeypatch.setattr(ranks, "GROUP_TIMEOUT_S", 10)
+    monkeypatch.setattr(cifar10.dist, "is_initialized", lambda: True)
+    assert cifar10.download_limits() == (5, 5)
+    assert cifar10.fetch_archive.__defaults__ == (None, None, None)  # the limits are read then
