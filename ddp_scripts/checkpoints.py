@@ -37,6 +37,8 @@ def claim_out_dir(out):
     unclaimed, said in one line.
     """
     out = Path(out)
+    if out.is_symlink() and not out.exists():
+        raise UsageError(f"--out {out} is a link to {os.readlink(out)}, which does not exist")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a directory")
     probe = out / f".{METRICS}.tmp{os.getpid()}"  # the name write_atomically uses: see start_out_dir
@@ -228,8 +230,11 @@ def load_checkpoint(path, expect=None):
     """Load on the CPU (`map_location`), tensors only (`weights_only`), checked."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise UsageError(f"cannot read checkpoint {path}: {first_line(error)[:200]}") from None
+    except OSError as error:  # no permission, say
+        raise UsageError(f"cannot read checkpoint {path}: {error.strerror or error}") from None
+    except Exception:  # not a zip of tensors, or one cut short, or objects of another program's
+        raise UsageError(f"cannot read checkpoint {path}: not a PyTorch checkpoint of tensors "
+                         "(damaged, or another program's); use another --out or --overwrite") from None
     if not isinstance(state, dict) or not {"model", "optimizer", "epoch"} <= state.keys():
         raise UsageError(f"{path} is not a checkpoint of these scripts "
                          "(expected the keys model, optimizer and epoch)")

@@ -210,7 +210,8 @@ def test_unreadable_checkpoint(tmp_path):
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint at all")
     result = run_in_process("train_single.py", *SMALL, "--device", "cpu", "--resume",
                             "--out", tmp_path)
-    assert_one_line_error(result, "cannot read checkpoint")
+    assert_one_line_error(result, "cannot read checkpoint", "not a PyTorch checkpoint of tensors "
+                                  "(damaged, or another program's)")
 
 
 def test_foreign_checkpoints(tmp_path):

@@ -579,3 +579,11 @@ def test_a_download_the_other_ranks_wait_for_ends_within_half_their_timeout(monk
     monkeypatch.setattr(cifar10.dist, "is_initialized", lambda: True)
     assert cifar10.download_limits() == (5, 5)
     assert cifar10.fetch_archive.__defaults__ == (None, None, None)  # the limits are read then
+
+
+def test_an_out_that_links_nowhere_says_so(tmp_path):
+    (tmp_path / "run").symlink_to(tmp_path / "gone")
+    result = run_in_process("train_single.py", *RUN, "--out", tmp_path / "run")
+    assert_one_line_error(result, f"--out {tmp_path / 'run'} is a link to {tmp_path / 'gone'}, "
+                                  "which does not exist")
+    assert not (tmp_path / "gone").exists()
