@@ -561,15 +561,17 @@ def settings_for(size, seed=0, data_dir=ROOT / "data", **overrides):
     return settings
 
 
-def check_writable(out):
-    """Before anything runs: the results file can be made (a temporary file beside it)."""
-    probe = out.with_name(f".{out.name}.tmp{os.getpid()}")  # as write_atomically names it
+def check_writable(out, option="--out"):
+    """Before anything runs: the results file can be made (a temporary file beside it), or
+    with option="--runs-dir", a file in the folder `out`."""
+    folder = out if option == "--runs-dir" else out.parent
+    probe = folder / f".{out.name}.tmp{os.getpid()}"  # as write_atomically names it
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         probe.write_text("")
         probe.unlink()
     except OSError as error:
-        raise cannot_write("--out", out, error) from None
+        raise cannot_write(option, out, error) from None
 
 
 def main():
@@ -588,6 +590,7 @@ def main():
                          "or choose another --out")
     check_writable(out)
     runs_dir = Path(args.runs_dir or ROOT / "runs" / "benchmark" / out.stem)
+    check_writable(runs_dir, "--runs-dir")
     if not args.overwrite:  # checked before anything runs: no run replaces another's logs
         logs = (METRICS, CHECKPOINT)
         names = configs + [f"{c}-tuned" for c in configs if args.tuned and f"{c}-tuned" in TUNED]

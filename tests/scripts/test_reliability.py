@@ -587,3 +587,12 @@ def test_an_out_that_links_nowhere_says_so(tmp_path):
     assert_one_line_error(result, f"--out {tmp_path / 'run'} is a link to {tmp_path / 'gone'}, "
                                   "which does not exist")
     assert not (tmp_path / "gone").exists()
+
+
+def test_the_benchmark_checks_its_runs_dir_before_anything_runs(tmp_path):
+    (tmp_path / "afile").write_text("")
+    done = run_in_process("measure/benchmark.py", "--configs", "cpu", "--repeats", "1",
+                          "--epochs", "1", "--out", tmp_path / "results.json",
+                          "--runs-dir", tmp_path / "afile" / "runs")
+    assert_one_line_error(done, "--runs-dir", "cannot be written: Not a directory")
+    assert not (tmp_path / "results.json").exists()
