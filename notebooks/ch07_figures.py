@@ -64,18 +64,17 @@ def unreliable(found):
 def step_table(runs, cases):
     """One row per case and configuration: the parts and the step in us per sample, the
     speed, and how much of a core forward got (CPU time over wall time). Where the
-    all-reduce was not timed (NCCL), its column is left empty, not 0."""
+    all-reduce was not timed (NCCL), the table has no column for it, rather than a 0."""
     import pandas as pd
-    rows = {}
+    rows, untimed = {}, False
     for case in cases:
         for name, found in configurations(runs, case).items():
-            values = per_sample(found)
-            if not found.get("communication timed", True):
-                values["communication not hidden"] = float("nan")
-            rows[(case, name)] = {**values,
+            untimed |= not found.get("communication timed", True)
+            rows[(case, name)] = {**per_sample(found),
                                   "samples/s": found["settings"]["batch_size"] / found["step"],
                                   "forward CPU/wall": found["cpu share"]["forward"]}
-    return pd.DataFrame(rows).T.rename_axis(["case", "configuration"])
+    table = pd.DataFrame(rows).T.rename_axis(["case", "configuration"])
+    return table.drop(columns="communication not hidden") if untimed else table
 
 
 def compared(runs, case):

@@ -166,8 +166,7 @@ def test_an_unreliable_case_and_an_untimed_all_reduce_are_said(runs):
         assert ch07_figures.communication_lines(runs, "batch 8") == [
             "  all-reduce not split: under NCCL ...."]
         table = ch07_figures.step_table(runs, ["batch 8"])
-        untimed = table["communication not hidden"].isna()
-        assert list(untimed) == [label.startswith("2 processes") for _, label in table.index]
+        assert "communication not hidden" not in table and "backward compute" in table
     finally:
         case.clear()
         case.update(kept)
