@@ -60,7 +60,8 @@ def run_cli(main):
     """Call `main()` as a script's entry point, and end the process.
 
     Bad input (UsageError): one line on stderr, exit status 2; a run that had to stop
-    (RunStopped): one line, status 1; any other exception: Python's traceback, status 1. The
+    (RunStopped), or another rank that ended first (lost_a_peer): one line, status 1;
+    SIGTERM or Ctrl-C: one line; any other exception: Python's traceback, status 1. The
     error also goes to torchrun's error file for this worker (runfiles.py), where torchrun
     and the launcher read which rank failed and why.
 
@@ -100,12 +101,26 @@ def run_cli(main):
             os.kill(os.getpid(), signal.SIGTERM)
         sys.exit(130)
     except Exception as error:
-        _write_error_file(error, exit_code=1, rank=rank)
-        raise
+        if not lost_a_peer(error):
+            _write_error_file(error, exit_code=1, rank=rank)
+            raise
+        sys.stderr.write(f"{tag}error: another rank ended first ({type(error).__name__}: "
+                         f"{first_line(error)[:160]}); "
+                         "its own output says why; the last checkpoint saved, if any, is whole\n")
+        sys.stderr.flush()
+        _write_error_file(error, exit_code=1, rank=rank, with_stack=False)
+        sys.exit(1)
     if os.environ.get(FAST_EXIT) == "1":
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def lost_a_peer(error):
+    """gloo's error when another rank's process ended (killed, say) in a collective: this
+    rank's traceback would say nothing about why."""
+    return isinstance(error, RuntimeError) and any(
+        text in str(error) for text in ("Connection reset by peer", "Connection closed by peer"))
 
 
 def _write_error_file(error, **details):

@@ -596,3 +596,18 @@ def test_the_benchmark_checks_its_runs_dir_before_anything_runs(tmp_path):
                           "--runs-dir", tmp_path / "afile" / "runs")
     assert_one_line_error(done, "--runs-dir", "cannot be written: Not a directory")
     assert not (tmp_path / "results.json").exists()
+
+
+def test_a_rank_that_loses_its_peer_says_so_in_one_line(tmp_path, monkeypatch):
+    """gloo's error on the rank left when another is killed mid-collective (SIGKILL)."""
+    from ddp_scripts import data
+
+    def peer_killed(*args, **kwargs):
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+                           "[127.0.0.1]:6539: Connection reset by peer")
+    monkeypatch.setattr(data, "load_datasets", peer_killed)
+    result = run_in_process("train_single.py", *RUN, "--out", tmp_path / "run")
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        "error: another rank ended first (RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:545] "
+        "Read error [127.0.0.1]:6539: Connection reset by peer); its own output says why; the "
+        "last checkpoint saved, if any, is whole"], result.stderr
