@@ -46,6 +46,7 @@ def synthetic_cifar(train_samples=50_000, test_samples=10_000, seed=1234):
     one epoch and keeps improving for several, like on CIFAR-10, and accuracy on the
     separate test split (other images, same patterns) is meaningful.
     """
+    check_fits_in_memory(train_samples + test_samples)
     g = torch.Generator().manual_seed(seed)
     coarse = torch.randn(10, 3, 4, 4, generator=g)
     patterns = F.interpolate(coarse, size=(40, 40), mode="bicubic", align_corners=False)
@@ -61,6 +62,18 @@ def synthetic_cifar(train_samples=50_000, test_samples=10_000, seed=1234):
         return images, labels
 
     return make(train_samples, seed + 1), make(test_samples, seed + 2)
+
+
+def check_fits_in_memory(images):
+    """The synthetic set is made whole, in float32, with a few copies alive while it is made:
+    more images than free memory allows is bad input, said before the allocator fails."""
+    import psutil
+    needed = images * 3 * 32 * 32 * 4 * 4  # 4 bytes a number, 4 copies at most
+    free = psutil.virtual_memory().available
+    if needed > free:
+        raise UsageError(f"{images:,} synthetic images need about {needed / 2**30:,.1f} GiB of "
+                         f"memory while they are made, and {free / 2**30:,.1f} GiB is free: "
+                         "lower --train-samples or --test-samples")
 
 
 def _shifted_crops(patterns, labels, dx, dy):

@@ -93,7 +93,7 @@ def build_parser(description):
     p.add_argument("--resume", action="store_true",
                    help="continue from OUT/checkpoint.pt if it exists, else start fresh; the "
                         "options must be those it was trained with (--lr, --momentum, "
-                        "--train-samples, the global batch)")
+                        "--train-samples, --seed, the global batch)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")
     p.add_argument("--stop-after-epoch", type=count, default=None,
                    help="stop after this epoch, as if interrupted (for resume demos)")
