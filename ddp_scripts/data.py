@@ -65,13 +65,14 @@ def synthetic_cifar(train_samples=50_000, test_samples=10_000, seed=1234):
 
 
 def check_fits_in_memory(images):
-    """The synthetic set is made whole, in float32, with a few copies alive while it is made:
-    more images than free memory allows is bad input, said before the allocator fails."""
+    """The synthetic set is made whole, in float32, with at least one more copy alive while
+    it is made: more images than free memory holds is bad input, said before the allocator
+    fails. (A lower bound: a set that passes may still not fit.)"""
     import psutil
-    needed = images * 3 * 32 * 32 * 4 * 4  # 4 bytes a number, 4 copies at most
+    needed = images * 3 * 32 * 32 * 4 * 2  # 4 bytes a number, 2 copies
     free = psutil.virtual_memory().available
     if needed > free:
-        raise UsageError(f"{images:,} synthetic images need about {needed / 2**30:,.1f} GiB of "
+        raise UsageError(f"{images:,} synthetic images need at least {needed / 2**30:,.1f} GiB of "
                          f"memory while they are made, and {free / 2**30:,.1f} GiB is free: "
                          "lower --train-samples or --test-samples")
 
