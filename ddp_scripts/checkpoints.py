@@ -14,10 +14,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_scripts.cli import (HELD_FOLDERS, NothingToDo, RunStopped, UsageError, cannot_write,
-                             first_line, say)
-from ddp_scripts.runfiles import (CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs,
-                                  metrics_rows)
+from ddp_scripts.cli import HELD_FOLDERS, NothingToDo, RunStopped, UsageError, cannot_write, say
+from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, metrics_rows
 
 try:
     import fcntl
@@ -30,11 +28,9 @@ LOCK = ".lock"  # in OUT: the file a run holds OUT by; left in place, empty, whe
 def claim_out_dir(out):
     """Make OUT, check that it can be written, and hold it until the script ends.
 
-    The hold is an exclusive flock on the file OUT/.lock: a second run into OUT is refused
-    while this one runs. run_cli lets go when the script ends, and the kernel when the
-    process ends, however it ends. A file, not the folder: NFS shares a file's flock between
-    its clients (as a byte-range lock), not a folder's. Where no lock can be had, OUT is
-    unclaimed, said in one line.
+    The hold is an exclusive flock on OUT/.lock (a file: NFS shares its flock between clients,
+    not a folder's): a second run into OUT is refused while this one runs. run_cli lets go
+    when the script ends, and the kernel when the process ends, however it ends.
     """
     out = Path(out)
     if out.is_symlink() and not out.exists():
@@ -52,20 +48,16 @@ def claim_out_dir(out):
     key = os.path.realpath(out)
     if key in HELD_FOLDERS:
         return
-    descriptor = None
+    descriptor = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        descriptor = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(descriptor)
         raise UsageError(f"{out} is in use by another run, still running: wait for it to end, "
                          "or choose another --out") from None
     except (OSError, AttributeError) as error:  # AttributeError: no fcntl (Windows)
-        if descriptor is not None:
-            os.close(descriptor)
-            descriptor = None
-        reason = "no flock here" if fcntl is None else error.strerror or first_line(error)
-        say(f"{out} cannot be locked ({reason}): nothing stops another run from writing there")
+        from ddp_scripts.mishaps import unlocked
+        descriptor = unlocked(out, descriptor, error)
     HELD_FOLDERS[key] = (descriptor, made, out / LOCK)
 
 
@@ -120,6 +112,7 @@ def prepare_out_dir(args):
         raise UsageError(f"{out} holds a train_fsdp.py run ({SHARDED_CHECKPOINT}): resume it "
                          "with train_fsdp.py, or pass --overwrite to start again")
     if not (out / CHECKPOINT).exists():
+        from ddp_scripts.mishaps import start_again_without_checkpoint
         return start_again_without_checkpoint(out)
     checkpoint = load_checkpoint(out / CHECKPOINT, expect=run_identity(args))
     stop_if_nothing_to_do(checkpoint["epoch"], args, out / CHECKPOINT)
@@ -127,20 +120,6 @@ def prepare_out_dir(args):
     saved = {key: group[key] for key in ("lr", "momentum") if key in group}
     check_same_training({**checkpoint.get("trained", {}), **saved}, args, out / CHECKPOINT)
     return checkpoint
-
-
-def start_again_without_checkpoint(out):
-    """--resume, and OUT has no checkpoint: start fresh only if nothing trained is lost. Epoch
-    1 logged, no run.json: a crash after epoch 1 was logged, before its checkpoint."""
-    logged = logged_epochs(out)
-    if logged == [1] and not (out / SUMMARY).exists():
-        say(f"{out} holds epoch 1 but not its {CHECKPOINT} (cut short before it was saved): "
-            "training from epoch 1 again")
-    elif logged or (out / SUMMARY).exists():
-        held = f"epochs {logged}" if logged else f"a {SUMMARY}"
-        raise UsageError(f"{out} holds {held} but no {CHECKPOINT}: restore it, "
-                         "or pass --overwrite to start again")
-    return None
 
 
 def stop_if_nothing_to_do(epoch, args, where):
@@ -173,15 +152,6 @@ def start_out_dir(args, checkpoint):
         for unfinished in out.glob(f".{name}.tmp*"):
             if unfinished.name.removeprefix(f".{name}.tmp").isdigit():
                 unfinished.unlink(missing_ok=True)
-
-
-def check_same_data(out, source):
-    """After start_out_dir: the epochs kept were trained on `source`, the data this run loaded
-    (not so if CIFAR-10 was placed, or lost, since a run fell back to the synthetic set)."""
-    trained_on = {row.get("dataset", source) for row in metrics_rows(out)}
-    if trained_on - {source}:
-        raise UsageError(f"{out} was trained on {', '.join(sorted(trained_on))} data and this "
-                         f"run loaded {source}: pass --overwrite to start again on it")
 
 
 def append_metrics(out, record):

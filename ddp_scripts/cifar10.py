@@ -37,7 +37,7 @@ def download_limits():
     process group's timeout (--timeout-s) if that is shorter: the other ranks wait for rank
     0's download in a collective, which fails after that timeout."""
     from ddp_scripts import ranks
-    group = ranks.GROUP_TIMEOUT_S if dist.is_initialized() else None
+    group = ranks.GROUP.get("timeout_s") if dist.is_initialized() else None
     half = group / 2 if group else DOWNLOAD_TIMEOUT_S
     return min(DOWNLOAD_TIMEOUT_S, half), min(STALL_S, half)
 

@@ -7,7 +7,6 @@ exit status 0. say() prints one line, tagged with the process's rank.
 import os
 import signal
 import sys
-import threading
 
 
 class UsageError(Exception):
@@ -22,7 +21,7 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (kill, torchrun or a job scheduler ending the run): handled as Ctrl-C is."""
 
 
-def _terminated(signal_number, frame):
+def _terminated(*signal_and_frame):
     raise Terminated
 
 
@@ -60,7 +59,7 @@ def run_cli(main):
     """Call `main()` as a script's entry point, and end the process.
 
     Bad input (UsageError): one line on stderr, exit status 2; a run that had to stop
-    (RunStopped), or another rank that ended first (lost_a_peer): one line, status 1;
+    (RunStopped), or another rank that ended first (mishaps.peer_lost): one line, status 1;
     SIGTERM or Ctrl-C: one line; any other exception: Python's traceback, status 1. The
     error also goes to torchrun's error file for this worker (runfiles.py), where torchrun
     and the launcher read which rank failed and why.
@@ -72,15 +71,16 @@ def run_cli(main):
     rank = os.environ.get("RANK")  # checked by ranks.require_torchrun, if the script needs it
     rank = int(rank) if rank and rank.isdigit() else None
     tag = f"[rank {rank}] " if rank is not None else ""
-    main_thread = threading.current_thread() is threading.main_thread()  # where signals go
-    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    previous = signal.signal(signal.SIGTERM, _terminated)  # in the main thread: a script's
     try:
         try:
             main()
+        except RuntimeError as error:  # gloo's, if another rank ended first: then one line
+            from ddp_scripts.mishaps import peer_lost
+            raise peer_lost(error)  # noqa: B904 (the error itself, or a one-line RunStopped)
         finally:  # the process may go on (a test runs the script in its own process)
             let_go_of_folders()
-            if main_thread:
-                signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, previous)
     except NothingToDo as error:
         if not rank:
             say(str(error))
@@ -91,36 +91,16 @@ def run_cli(main):
         sys.stderr.flush()                         # the error file cannot be written
         _write_error_file(error, exit_code=status, rank=rank, with_stack=False)
         sys.exit(status)
-    except KeyboardInterrupt as error:  # the files are as the last finished epoch left them
-        how = "SIGTERM" if isinstance(error, Terminated) else "Ctrl-C"
-        sys.stderr.write(f"{tag}interrupted ({how}); the last checkpoint saved, if any, "
-                         "is whole\n")
-        if isinstance(error, Terminated):  # end by the signal, as torchrun and shells expect
-            sys.stderr.flush()             # (exit status 143 in a shell, -15 in Python)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-        sys.exit(130)
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM (Terminated)
+        from ddp_scripts.mishaps import end_interrupted
+        end_interrupted(error, tag)
     except Exception as error:
-        if not lost_a_peer(error):
-            _write_error_file(error, exit_code=1, rank=rank)
-            raise
-        sys.stderr.write(f"{tag}error: another rank ended first ({type(error).__name__}: "
-                         f"{first_line(error)[:160]}); "
-                         "its own output says why; the last checkpoint saved, if any, is whole\n")
-        sys.stderr.flush()
-        _write_error_file(error, exit_code=1, rank=rank, with_stack=False)
-        sys.exit(1)
+        _write_error_file(error, exit_code=1, rank=rank)
+        raise
     if os.environ.get(FAST_EXIT) == "1":
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-
-
-def lost_a_peer(error):
-    """gloo's error when another rank's process ended (killed, say) in a collective: this
-    rank's traceback would say nothing about why."""
-    return isinstance(error, RuntimeError) and any(
-        text in str(error) for text in ("Connection reset by peer", "Connection closed by peer"))
 
 
 def _write_error_file(error, **details):

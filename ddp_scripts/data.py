@@ -46,7 +46,6 @@ def synthetic_cifar(train_samples=50_000, test_samples=10_000, seed=1234):
     one epoch and keeps improving for several, like on CIFAR-10, and accuracy on the
     separate test split (other images, same patterns) is meaningful.
     """
-    check_fits_in_memory(train_samples + test_samples)
     g = torch.Generator().manual_seed(seed)
     coarse = torch.randn(10, 3, 4, 4, generator=g)
     patterns = F.interpolate(coarse, size=(40, 40), mode="bicubic", align_corners=False)
@@ -61,20 +60,11 @@ def synthetic_cifar(train_samples=50_000, test_samples=10_000, seed=1234):
         images = scale * images + torch.randn(n, 3, 32, 32, generator=g_split)
         return images, labels
 
-    return make(train_samples, seed + 1), make(test_samples, seed + 2)
-
-
-def check_fits_in_memory(images):
-    """The synthetic set is made whole, in float32, with at least one more copy alive while
-    it is made: more images than free memory holds is bad input, said before the allocator
-    fails. (A lower bound: a set that passes may still not fit.)"""
-    import psutil
-    needed = images * 3 * 32 * 32 * 4 * 2  # 4 bytes a number, 2 copies
-    free = psutil.virtual_memory().available
-    if needed > free:
-        raise UsageError(f"{images:,} synthetic images need at least {needed / 2**30:,.1f} GiB of "
-                         f"memory while they are made, and {free / 2**30:,.1f} GiB is free: "
-                         "lower --train-samples or --test-samples")
+    try:
+        return make(train_samples, seed + 1), make(test_samples, seed + 2)
+    except RuntimeError as error:  # more images than the memory holds: one line
+        from ddp_scripts.mishaps import too_many_images
+        raise too_many_images(train_samples + test_samples, error) from None
 
 
 def _shifted_crops(patterns, labels, dx, dy):

@@ -3,13 +3,12 @@ without a process group, so that train_single.py can call the same functions.
 """
 import datetime
 import os
-import re
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ddp_scripts.cli import NothingToDo, RunStopped, UsageError, first_line
+from ddp_scripts.cli import NothingToDo, UsageError
 
 
 def backend_for(device):
@@ -37,7 +36,7 @@ def require_torchrun(script):
                          "WORLD_SIZE and LOCAL_RANK < LOCAL_WORLD_SIZE <= WORLD_SIZE")
 
 
-GROUP_TIMEOUT_S = None  # the group's timeout, once init_process_group has made it
+GROUP = {}  # the group's settings, once init_process_group has made it: timeout_s
 
 
 def init_process_group(device, timeout_s):
@@ -55,12 +54,9 @@ def init_process_group(device, timeout_s):
                                 timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None)
     except (dist.DistStoreError, dist.DistNetworkError) as error:  # a rank never came
-        joined = re.search(r"(\d+)/(\d+) clients joined", str(error))
-        who = f"{joined[1]} of {joined[2]} ranks" if joined else "not every rank"
-        raise RunStopped(f"{who} joined within --timeout-s {timeout_s:g} ({first_line(error)}): "
-                         "start every rank, with the same MASTER_ADDR and MASTER_PORT") from None
-    global GROUP_TIMEOUT_S
-    GROUP_TIMEOUT_S = timeout_s  # a download the other ranks wait for must end well within it
+        from ddp_scripts.mishaps import ranks_missing
+        raise ranks_missing(error, timeout_s) from None
+    GROUP["timeout_s"] = timeout_s  # a download the other ranks wait for ends well within it
     check_one_gpu_per_rank(device)
 
 

@@ -11,11 +11,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
-from ddp_scripts.checkpoints import check_same_data, write_atomically
+from ddp_scripts.checkpoints import write_atomically
 from ddp_scripts.devices import say_device
 from ddp_scripts.ranks import on_rank_0
-from ddp_scripts.cli import RunStopped
-from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY
+from ddp_scripts.runfiles import SUMMARY
 
 
 def strategy_of(model):
@@ -32,7 +31,9 @@ def run_context(args, device, model, threads, data_source, **levers):
     """What every line of metrics.jsonl records about how the run was made; `levers`: the
     options of chapter 10 (train_fast.py, speed.lever_settings). Rank 0 also says, once, on
     which device the run trains, and checks that a resumed run trains on the same data."""
-    on_rank_0(check_same_data, args.out, data_source)
+    if args.resume:
+        from ddp_scripts.mishaps import check_same_data
+        on_rank_0(check_same_data, args.out, data_source)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     gpus = world_size if device.type == "cuda" else 0
     if isinstance(model, nn.DataParallel):
@@ -62,9 +63,8 @@ def write_summary(out, model, device, train_start, args, **extra):
         write_atomically(Path(out) / SUMMARY, lambda f: f.write(json.dumps(summary, indent=1)),
                          mode="w")
     except OSError as error:  # a full disk, say: the training itself is saved
-        raise RunStopped(f"cannot write {SUMMARY} in {out} ({error.strerror or error}); the "
-                         f"training is saved: {METRICS} and {CHECKPOINT} of the last epoch are "
-                         "whole") from None
+        from ddp_scripts.mishaps import summary_not_written
+        raise summary_not_written(out, error) from None
 
 
 def seconds_since_start():
