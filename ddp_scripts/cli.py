@@ -59,7 +59,7 @@ def run_cli(main):
     """Call `main()` as a script's entry point, and end the process.
 
     Bad input (UsageError): one line on stderr, exit status 2; a run that had to stop
-    (RunStopped), or another rank that ended first (mishaps.peer_lost): one line, status 1;
+    (RunStopped), or another rank that ended first (peer_lost): one line, status 1;
     SIGTERM or Ctrl-C: one line; any other exception: Python's traceback, status 1. The
     error also goes to torchrun's error file for this worker (runfiles.py), where torchrun
     and the launcher read which rank failed and why.
@@ -76,7 +76,6 @@ def run_cli(main):
         try:
             main()
         except RuntimeError as error:  # gloo's, if another rank ended first: then one line
-            from ddp_scripts.mishaps import peer_lost
             raise peer_lost(error)  # noqa: B904 (the error itself, or a one-line RunStopped)
         finally:  # the process may go on (a test runs the script in its own process)
             let_go_of_folders()
@@ -92,7 +91,6 @@ def run_cli(main):
         _write_error_file(error, exit_code=status, rank=rank, with_stack=False)
         sys.exit(status)
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM (Terminated)
-        from ddp_scripts.mishaps import end_interrupted
         end_interrupted(error, tag)
     except Exception as error:
         _write_error_file(error, exit_code=1, rank=rank)
@@ -101,6 +99,29 @@ def run_cli(main):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def peer_lost(error):
+    """gloo's error on a rank whose peer's process ended (killed, say) in a collective, as a
+    RunStopped (its traceback says nothing about why); any other error as it is."""
+    if not any(text in str(error) for text in ("Connection reset by peer", "Connection closed by peer")):
+        return error
+    return RunStopped(f"another rank ended first ({type(error).__name__}: "
+                      f"{first_line(error)[:160]}); its own output says why; the last "
+                      "checkpoint saved, if any, is whole")
+
+
+def end_interrupted(error, tag):
+    """Ctrl-C or SIGTERM (cli.Terminated): one line, as the files are as the last finished
+    epoch left them. Ctrl-C ends with exit status 130; SIGTERM ends the process by SIGTERM
+    itself, as torchrun and shells expect (exit status 143 in a shell, -15 in Python)."""
+    how = "SIGTERM" if isinstance(error, Terminated) else "Ctrl-C"
+    sys.stderr.write(f"{tag}interrupted ({how}); the last checkpoint saved, if any, is whole\n")
+    sys.stderr.flush()
+    if isinstance(error, Terminated):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+    sys.exit(130)
 
 
 def _write_error_file(error, **details):

@@ -1,39 +1,14 @@
 """The rarer ways a run cannot start or go on, each said in one line.
 
 Imported inside the branch that meets one, so that a reader who follows a run that goes as
-planned does not read them: another rank that ended first, a rank that never joined, SIGTERM,
-a folder that cannot be locked, a resume without its checkpoint, a run.json that cannot be
-written.
+planned does not read them: a rank that never joined, a folder that cannot be locked, a
+resume without its checkpoint, a run.json that cannot be written. (Another rank that ended
+first, and SIGTERM, are run_cli's: cli.py.)
 """
 import os
-import signal
-import sys
 
-from ddp_scripts.cli import RunStopped, Terminated, UsageError, first_line, say
+from ddp_scripts.cli import RunStopped, UsageError, first_line, say
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY, logged_epochs, metrics_rows
-
-
-def peer_lost(error):
-    """gloo's error on a rank whose peer's process ended (killed, say) in a collective, as a
-    RunStopped (its traceback says nothing about why); any other error as it is."""
-    if not any(text in str(error) for text in ("Connection reset by peer", "Connection closed by peer")):
-        return error
-    return RunStopped(f"another rank ended first ({type(error).__name__}: "
-                      f"{first_line(error)[:160]}); its own output says why; the last "
-                      "checkpoint saved, if any, is whole")
-
-
-def end_interrupted(error, tag):
-    """Ctrl-C or SIGTERM (cli.Terminated): one line, as the files are as the last finished
-    epoch left them. Ctrl-C ends with exit status 130; SIGTERM ends the process by SIGTERM
-    itself, as torchrun and shells expect (exit status 143 in a shell, -15 in Python)."""
-    how = "SIGTERM" if isinstance(error, Terminated) else "Ctrl-C"
-    sys.stderr.write(f"{tag}interrupted ({how}); the last checkpoint saved, if any, is whole\n")
-    sys.stderr.flush()
-    if isinstance(error, Terminated):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-    sys.exit(130)
 
 
 def ranks_missing(error, timeout_s):
