@@ -131,8 +131,7 @@ def stop_if_nothing_to_do(epoch, args, where):
 
 
 def start_out_dir(args, checkpoint):
-    """Set up OUT: keep only the epochs the checkpoint has, or start empty (no metrics, no
-    checkpoint.pt, no run.json).
+    """Set up OUT: keep only the epochs the checkpoint has, or start empty (--overwrite).
 
     After a crash OUT may hold an epoch logged just before its checkpoint was due (it is
     trained again, so its line goes), half a line, or the temporary file of a save that
@@ -145,9 +144,9 @@ def start_out_dir(args, checkpoint):
         kept = [row for row in metrics_rows(out) if row["epoch"] <= checkpoint["epoch"]]
     write_atomically(out / METRICS, lambda f: f.write("".join(json.dumps(row) + "\n"
                                                               for row in kept)), mode="w")
-    (out / SUMMARY).unlink(missing_ok=True)  # prepare_out_dir let only a run's own through
-    if checkpoint is None:  # --overwrite: the replaced run's checkpoint would look like ours
-        (out / CHECKPOINT).unlink(missing_ok=True)
+    if checkpoint is None:  # --overwrite: the replaced run's summary and checkpoint would
+        (out / SUMMARY).unlink(missing_ok=True)     # look like ours (prepare_out_dir let only
+        (out / CHECKPOINT).unlink(missing_ok=True)  # a run's own through)
     for name in (METRICS, CHECKPOINT, SUMMARY):  # what write_atomically leaves when cut short
         for unfinished in out.glob(f".{name}.tmp*"):
             if unfinished.name.removeprefix(f".{name}.tmp").isdigit():
@@ -156,6 +155,7 @@ def start_out_dir(args, checkpoint):
 
 def append_metrics(out, record):
     """Append one epoch; flushed to disk before the checkpoint that covers it is written."""
+    (Path(out) / SUMMARY).unlink(missing_ok=True)  # a resumed run's: a refused resume kept it
     with open(Path(out) / METRICS, "a") as f:
         f.write(json.dumps(record) + "\n")
         f.flush()

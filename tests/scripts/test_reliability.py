@@ -458,6 +458,7 @@ def test_a_resume_on_other_data_than_the_epochs_kept_is_refused(finished, tmp_pa
     assert_one_line_error(result, "was trained on synthetic (fallback) data and this run loaded "
                                   "synthetic: pass --overwrite")
     assert logged_epochs(out) == [1, 2]
+    assert (out / SUMMARY).exists() and (out / CHECKPOINT).exists()  # the finished run, whole
 
 
 def _fsdp_folder(out, epoch, args):
