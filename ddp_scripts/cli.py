@@ -107,7 +107,7 @@ def peer_lost(error):
     if not any(text in str(error) for text in ("Connection reset by peer", "Connection closed by peer")):
         return error
     return RunStopped(f"another rank ended first ({type(error).__name__}: "
-                      f"{first_line(error)[:160]}); its own output says why; the last "
+                      f"{first_line(error).split('. ')[0]}); its own output says why; the last "
                       "checkpoint saved, if any, is whole")
 
 

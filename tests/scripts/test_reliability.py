@@ -605,7 +605,8 @@ def test_a_rank_that_loses_its_peer_says_so_in_one_line(tmp_path, monkeypatch):
 
     def peer_killed(*args, **kwargs):
         raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
-                           "[127.0.0.1]:6539: Connection reset by peer")
+                           "[127.0.0.1]:6539: Connection reset by peer. This is typically "
+                           "caused by a remote process exiting")  # said once, by the line
     monkeypatch.setattr(data, "load_datasets", peer_killed)
     result = run_in_process("train_single.py", *RUN, "--out", tmp_path / "run")
     assert result.returncode == 1 and result.stderr.splitlines() == [
