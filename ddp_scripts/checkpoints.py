@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_scripts.cli import HELD_FOLDERS, NothingToDo, RunStopped, UsageError, cannot_write, say
+from ddp_scripts.ranks import world_size
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, metrics_rows
 
 try:
@@ -59,10 +60,6 @@ def claim_out_dir(out):
         from ddp_scripts.mishaps import unlocked
         descriptor = unlocked(out, descriptor, error)
     HELD_FOLDERS[key] = (descriptor, made, out / LOCK)
-
-
-def world_size():
-    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def training_settings(args):

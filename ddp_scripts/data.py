@@ -6,11 +6,10 @@ per job, is in cifar10.py.
 import os
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddp_scripts.cli import RunStopped, UsageError, first_line, say
-from ddp_scripts.ranks import agree_on_data_source
+from ddp_scripts.ranks import agree_on_data_source, world_size
 
 class TensorImages(torch.utils.data.Dataset):
     """Images and labels held as two tensors.
@@ -117,15 +116,14 @@ def load_datasets(dataset="cifar10", data_dir="data", train_samples=None, test_s
             TensorImages(x_test.to(dtype), y_test, source))
 
 
-def check_batch_fits(batch_size, train_samples, world_size=None):
+def check_batch_fits(batch_size, train_samples):
     """A global batch larger than the training set would make every epoch a single step.
 
     The global batch is batch_size times the number of processes in the group (one without
-    a process group), unless `world_size` says otherwise."""
-    if world_size is None:
-        world_size = dist.get_world_size() if dist.is_initialized() else 1
-    if batch_size * world_size > train_samples:
-        raise UsageError(f"a global batch of {batch_size * world_size} ({world_size} x "
+    a process group)."""
+    processes = world_size()
+    if batch_size * processes > train_samples:
+        raise UsageError(f"a global batch of {batch_size * processes} ({processes} x "
                          f"--batch-size {batch_size}) is larger than the {train_samples} "
                          "training images: lower --batch-size")
 

@@ -11,6 +11,11 @@ import torch.distributed as dist
 from ddp_scripts.cli import NothingToDo, UsageError
 
 
+def world_size():
+    """The processes in the group: 1 without one (a one-process run)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def backend_for(device):
     """nccl talks GPU to GPU; gloo works on CPUs (and is the only choice without a GPU)."""
     return "nccl" if device.type == "cuda" else "gloo"

@@ -13,7 +13,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from ddp_scripts.checkpoints import write_atomically
 from ddp_scripts.devices import say_device
-from ddp_scripts.ranks import on_rank_0
+from ddp_scripts.ranks import on_rank_0, world_size
 from ddp_scripts.runfiles import SUMMARY
 
 
@@ -34,15 +34,15 @@ def run_context(args, device, model, threads, data_source, **levers):
     if args.resume:
         from ddp_scripts.mishaps import check_same_data
         on_rank_0(check_same_data, args.out, data_source)
-    world_size = dist.get_world_size() if dist.is_initialized() else 1
-    gpus = world_size if device.type == "cuda" else 0
+    processes = world_size()
+    gpus = processes if device.type == "cuda" else 0
     if isinstance(model, nn.DataParallel):
         gpus = len(model.device_ids)
-    say_device(device, args.device, world_size, gpus)
-    return {"world_size": world_size, "device": str(device),
+    say_device(device, args.device, processes, gpus)
+    return {"world_size": processes, "device": str(device),
             "backend": dist.get_backend() if dist.is_initialized() else None,
             "strategy": strategy_of(model), "gpus": gpus, "threads": threads,
-            "batch_size": args.batch_size, "global_batch_size": args.batch_size * world_size,
+            "batch_size": args.batch_size, "global_batch_size": args.batch_size * processes,
             "dtype": args.dtype, "tf32": args.tf32, "dataset": data_source, **levers}
 
 
@@ -54,8 +54,7 @@ def write_summary(out, model, device, train_start, args, **extra):
     from ddp_scripts.hardware import describe_hardware
     end = time.perf_counter()
     start = end - seconds_since_start()  # the process's start, on perf_counter's clock
-    world_size = dist.get_world_size() if dist.is_initialized() else 1
-    summary = {"strategy": strategy_of(model), "world_size": world_size,
+    summary = {"strategy": strategy_of(model), "world_size": world_size(),
                "startup_s": train_start - start, "train_s": end - train_start,
                "total_s": end - start, "hardware": describe_hardware(device), "args": vars(args),
                **extra}
