@@ -88,7 +88,7 @@ def set_cpu_threads(threads=None, processes_per_node=None):
     The cores it may use, not all of the machine's: a Slurm job or a container may pin it
     to fewer, or cap its CPU time (hardware.usable_cores), and counting all of them
     oversubscribes."""
-    from ddp_scripts.hardware import usable_cores  # affinity and cgroup quotas: the machine's details
+    from ddp_scripts.measure.hardware import usable_cores  # affinity and cgroup quotas: the machine's details
     if processes_per_node is None:
         text = os.environ.get("LOCAL_WORLD_SIZE", "1")
         if not (text.isdigit() and int(text) >= 1):

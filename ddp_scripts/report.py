@@ -51,7 +51,7 @@ def write_summary(out, model, device, train_start, args, **extra):
     to record. The start-up is timed from the process's start (started_at), so that the
     scripts need no clock before their imports."""
     # The machine, for the record (nvidia-smi, cgroups): measurement plumbing, not the lesson.
-    from ddp_scripts.hardware import describe_hardware
+    from ddp_scripts.measure.hardware import describe_hardware
     end = time.perf_counter()
     start = end - seconds_since_start()  # the process's start, on perf_counter's clock
     summary = {"strategy": strategy_of(model), "world_size": world_size(),

@@ -23,7 +23,7 @@ import yaml
 
 from book.tools import ToolError, gpu_recordings, offline_assets, words
 from book.tools.notebooks import read_notebook, write_notebook
-from ddp_scripts.hardware import describe_hardware, usable_cores
+from ddp_scripts.measure.hardware import describe_hardware, usable_cores
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "_build"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from book.tools import ToolError, build, gpu_recordings as rec
 from book.tools.notebooks import read_notebook
-from ddp_scripts.hardware import describe_hardware
+from ddp_scripts.measure.hardware import describe_hardware
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "_build" / "gpu-check"

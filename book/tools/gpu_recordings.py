@@ -14,7 +14,7 @@ from pathlib import Path
 
 from book.tools import words
 from book.tools.notebooks import read_notebook, write_notebook
-from ddp_scripts import hardware
+from ddp_scripts.measure import hardware
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = ROOT / "results" / "gpu-runs"

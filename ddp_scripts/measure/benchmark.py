@@ -48,7 +48,7 @@ if not __package__:  # run as a file, not imported: find ddp_scripts as notebook
 from ddp_scripts.checkpoints import write_atomically
 from ddp_scripts.cli import UsageError, cannot_write, first_line, run_cli
 from ddp_scripts.cifar10 import cifar10_tensors
-from ddp_scripts.hardware import describe_hardware
+from ddp_scripts.measure.hardware import describe_hardware
 from ddp_scripts.launcher import (ROOT, SCRIPTS, LaunchError, as_cli, read_metrics, repository_relative,
                                   run_command, torchrun_command)
 from ddp_scripts.options import ArgumentParser, check_at_least_one, count, seconds, seed_number

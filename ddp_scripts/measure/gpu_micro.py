@@ -148,7 +148,7 @@ def main(argv=None):
         print("error: --train-samples must be at least 512 (one batch of 512)", file=sys.stderr)
         return 2
     from ddp_scripts.data import TensorImages, synthetic_cifar
-    from ddp_scripts.hardware import describe_hardware
+    from ddp_scripts.measure.hardware import describe_hardware
     (images, labels), _ = synthetic_cifar(args.train_samples, 256)
     dataset = TensorImages(images, labels, "synthetic")
     out = Path(args.out)

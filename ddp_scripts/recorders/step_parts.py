@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_scripts.cli import UsageError, run_cli
 from ddp_scripts.devices import pick_device, set_cpu_threads, synchronize
-from ddp_scripts.hardware import usable_cores
+from ddp_scripts.measure.hardware import usable_cores
 from ddp_scripts.measure.benchmark import RELIABLE_SPREAD
 from ddp_scripts.models import build_model
 from ddp_scripts.options import ArgumentParser, count, non_negative_int, seconds

@@ -11,7 +11,7 @@ from pathlib import Path
 from book_files import ROOT, cell_source, load_notebook
 
 from book.tools import gpu_check, gpu_recordings
-from ddp_scripts.hardware import hardware_label
+from ddp_scripts.measure.hardware import hardware_label
 
 RECORDINGS = gpu_recordings.load_recordings()
 H200 = next(r for r in RECORDINGS if r[0].name == "2026-11-30-h200")

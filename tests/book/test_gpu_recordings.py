@@ -10,7 +10,7 @@ from pathlib import Path
 from book_files import ROOT, cell_source, chapters, first_code_cell, load_notebook
 
 from book.tools import gpu_recordings, sync_setup_cell
-from ddp_scripts import hardware
+from ddp_scripts.measure import hardware
 
 CHAPTERS = chapters()
 RECORDINGS = gpu_recordings.load_recordings()
