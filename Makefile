@@ -1,12 +1,14 @@
-# Two commands do all the set-up on a fresh machine with Python 3.10+ (README.md):
+# Two commands do all the set-up on a fresh machine with Python 3.10+ and npm (README.md):
 #   make book    create .venv, execute every notebook, write the HTML to _build/html
 #                (again only when a source changed since the last build)
-#   make test    make book, then run every test (scripts, launcher, faults, the built site)
+#   make test    every check and test: first `make check` (minutes, no book needed), then the
+#                book's build, then the tests of the built book (tests/site); no test runs twice
 # and one more, once, for the tests that open the built pages in a browser:
 #   make browser  install Debian's chromium and a Chinese font (needs root; elsewhere, install
 #                 Chromium and any font with Chinese characters yourself)
-# Quicker, while working on the code: `make check` runs the tests that need no built book
-# (tests/scripts, tests/figures and tests/book; tests/site reads the built book).
+# Quicker, while working on the code: `make check`, the fast lane: ruff, nbstripout --verify (no
+# notebook committed with outputs), `python -m book.tools check` (the sources' own checks), then
+# the tests that need no built book (tests/scripts, tests/figures and tests/book).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -37,10 +39,15 @@ $(BOOK_STAMP): $(INSTALLED) $(BOOK_SOURCES)
 	$(BIN)/python -m book.tools build
 	touch $@
 
-test: book
-	$(PYTEST) tests
+# check before book: a broken script or source fails in minutes, before the long build.
+test: check book
+	$(PYTEST) tests/site
 
+NOTEBOOKS := $(wildcard notebooks/*.ipynb notebooks/zh/*.ipynb)
 check: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/nbstripout --keep-id --verify $(NOTEBOOKS)
+	$(BIN)/python -m book.tools check
 	$(PYTEST) tests/scripts tests/figures tests/book
 
 # Every English chapter against the oldest torch and torchvision that requirements.txt allows,
@@ -62,20 +69,17 @@ browser:
 	@command -v chromium >/dev/null && fc-list :lang=zh | grep -q . || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium fonts-wqy-microhei; }
 
 # On a machine with GPUs, with the interpreter it already has (no .venv is made):
-#   PYTHON=python3 make gpu-check BUDGET=540
-# runs, in order of value, what fits in BUDGET seconds (the notebooks with stale or unrecorded
-# GPU cells one at a time, the gpu tests, the micro-measurement, the benchmarks), records it in
-# results/gpu-runs/<date>-<hardware>/, and says what it left; the next call continues there.
-# DRY_RUN=1 prints the plan with each step's estimate. `make gpu-bundle` (on a machine with a
-# package index) writes the wheels a GPU machine without one needs into .gpu-wheels/ and
-# prints the command line to run there.
-BUDGET ?=
-GPU_CHECK_ARGS := $(if $(BUDGET),--budget $(BUDGET)) $(if $(DRY_RUN),--dry-run)
+#   PYTHON=python3 make gpu-check [STEPS="notebooks tests micro benchmark"]
+# runs each step (default: all four; a step may also be one notebook's path) and records it into
+# results/gpu-runs/<date>-<hardware>/ as it ends; a later call the same day adds to that folder.
+# `make gpu-bundle` (on a machine with a package index) writes the wheels a GPU machine without
+# one needs into .gpu-wheels/ and prints the command line to run there.
+STEPS ?=
 gpu-check:
-	$(PYTHON) -m book.tools gpu-check $(GPU_CHECK_ARGS)
+	$(PYTHON) -m book.tools gpu-check $(STEPS)
 
 gpu-bundle:
-	$(PYTHON) -m book.tools gpu-check --bundle $(if $(BUDGET),--budget $(BUDGET),--budget 540)
+	$(PYTHON) -m book.tools gpu-check --bundle
 
 student-copies: $(INSTALLED)
 	$(BIN)/python -m book.tools student-copies

@@ -2,21 +2,18 @@
 
     python -m book.tools sources   # the editorial checks alone (exit 1 if any problem)
 
-They check the table of contents, each chapter's shape and exercises, the instructor guide,
-the repository's address, the code the pages include, and the linter, ruff, over the code
-(only where ruff is installed; requirements-dev.txt brings it).
+They check the table of contents, each chapter's shape and exercises, figures and times, and
+the repository's address: what no library checks for this book. What one does is left to it:
+ruff lints, nbstripout keeps outputs out of the notebooks (`make check` runs both), and the
+build's `jupyter-book -W` fails on a missing page or included code that moved.
 `python -m book.tools check` runs them beside the set-up cell's and the translations' checks.
 Each check takes the repository's root and returns its problems: the file, the cell or line,
 and what is wrong.
 """
 import argparse
 import ast
-import importlib.util
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
@@ -37,7 +34,7 @@ def check(function):
 
 def each_chapter(function):
     """A check of one chapter, function(root, path, number, notebook) -> [problem, ...], run
-    over every chapter of the table of contents (one missing is toc_entries_exist's problem)."""
+    over every chapter of the table of contents that exists (jupyter-book -W fails on one missing)."""
     def over_the_chapters(root):
         return [problem for path, number in chapters(root) if path.exists()
                 for problem in function(root, path, number, load_notebook(path))]
@@ -64,15 +61,6 @@ def toc_entries(root):
             else:
                 entries.append((chapter["file"], None))
     return entries
-
-
-def source_path(root, entry):
-    """The source file of a toc entry: .ipynb or .md."""
-    for suffix in (".ipynb", ".md"):
-        path = root / (entry + suffix)
-        if path.exists():
-            return path
-    return root / (entry + (".ipynb" if entry.startswith("notebooks/") else ".md"))
 
 
 def chapters(root):
@@ -110,12 +98,6 @@ def repository_url(root):
 # --- the table of contents ----------------------------------------------------------------------
 
 @check
-def toc_entries_exist(root):
-    return [f"_toc.yml: {entry} is listed but not in the repository"
-            for entry, _ in toc_entries(root) if not source_path(root, entry).exists()]
-
-
-@check
 def notebooks_in_the_toc(root):
     listed = {path for path, _ in chapters(root)}
     return [f"{name(root, path)}: not in _toc.yml (the book would not show it)"
@@ -129,16 +111,6 @@ def toc_numbers_the_chapters_in_file_order(root):
 
 
 # --- each chapter -------------------------------------------------------------------------------
-
-@each_chapter
-def committed_without_outputs_or_widget_state(root, path, number, notebook):
-    dirty = [i for i, cell in enumerate(notebook["cells"]) if cell["cell_type"] == "code"
-             and (cell.get("outputs") or cell.get("execution_count") is not None)]
-    found = [f"{name(root, path)}: code cells {dirty} have outputs or execution counts"] if dirty else []
-    if "widgets" in notebook.get("metadata", {}):
-        found.append(f"{name(root, path)}: holds widget state")
-    return found
-
 
 @each_chapter
 def the_python3_kernel(root, path, number, notebook):
@@ -421,74 +393,9 @@ def the_docs_name_the_configured_repository(root):
             if found.group().rstrip(".") != url]
 
 
-# --- the code a page includes -------------------------------------------------------------------
-
-LITERALINCLUDE = re.compile(r"^[ \t]*```\{literalinclude\} ([^\n]+)\n((?:[ \t]*:[^\n]*\n)*)", re.M)
-
-
-def literal_includes(root):
-    """(page, included file, options) of every literalinclude in the chapters and front matter."""
-    pages = [(path, "\n".join(cell_source(cell) for cell in load_notebook(path)["cells"]
-                              if cell["cell_type"] == "markdown"))
-             for path, _ in chapters(root) if path.exists()]
-    pages += [(path, path.read_text()) for path in sorted((root / "book").glob("*.md"))]
-    return [(page, (page.parent / match.group(1).strip()).resolve(),
-             dict(re.findall(r":([\w-]+):\s*(.*)", match.group(2))))
-            for page, text in pages for match in LITERALINCLUDE.finditer(text)]
-
-
-@check
-def included_code_is_still_there(root):
-    """A script changed under a chapter's literalinclude would fail the build much later:
-    every file, marker line and function a chapter includes must still exist."""
-    found = []
-    for page, included, options in literal_includes(root):
-        where = f"{name(root, page)}: includes {os.path.relpath(included, root.resolve())}"
-        if not included.exists():
-            found.append(f"{where}, which does not exist")
-            continue
-        text = included.read_text()
-        if "pyobject" in options:   # Sphinx looks for the markers inside the object only
-            text = python_object(text, options["pyobject"])
-            if text is None:
-                found.append(f"{where}: its pyobject {options['pyobject']} is not there")
-                continue
-        found += [f"{where}: its {key} {options[key]!r} is not there"
-                  for key in ("start-at", "end-at", "start-after", "end-before")
-                  if key in options and options[key] not in text]
-    return found
-
-
-def python_object(text, dotted):
-    """The source of the function or class `dotted` (Class.method) in text; None if none."""
-    nodes = ast.parse(text).body
-    for part in dotted.split("."):
-        node = next((n for n in nodes if isinstance(n, (ast.FunctionDef, ast.ClassDef))
-                     and n.name == part), None)
-        if node is None:
-            return None
-        nodes = node.body
-    return ast.get_source_segment(text, node)
-
-
-# --- the linter ---------------------------------------------------------------------------------
-
-@check
-def the_linter(root):
-    """ruff, with the settings of pyproject.toml, over the scripts, tools, tests and notebooks,
-    where ruff is installed (requirements-dev.txt brings it)."""
-    if importlib.util.find_spec("ruff") is None:
-        return []
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--quiet",
-                             "--output-format", "concise", "."], cwd=root, capture_output=True,
-                            text=True, timeout=300)
-    return [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
-
-
 def summary():
     """What passing these checks says, in a few words."""
-    return (f"the {len(CHECKS)} editorial checks of the sources"
-            f"{'' if importlib.util.find_spec('ruff') else ' (ruff is not installed: not linted)'}")
+    return f"the {len(CHECKS)} editorial checks of the sources"
 
 
 def main(argv=None):
