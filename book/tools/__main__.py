@@ -9,9 +9,7 @@
 and each part on its own: sources (the editorial checks), translations, setup-cell, assets
 (COMMAND --help says more).
 """
-import contextlib
 import importlib
-import io
 import sys
 
 from book.tools import ToolError
@@ -39,14 +37,7 @@ def main(argv=None):
         for command, *given in BOTH.get(argv[0], [[argv[0]]]):
             sys.argv[0] = f"python -m book.tools {command}"   # what argparse's usage lines name
             module = importlib.import_module(f"book.tools.{MODULES[command]}")
-            said = io.StringIO()   # `check` shows a part's output only where it found something
-            with contextlib.redirect_stdout(said) if argv[0] == "check" else contextlib.nullcontext():
-                statuses.append(module.main([*given, *argv[1:]]) or 0)
-            if statuses[-1] or argv[0] != "check":
-                print(said.getvalue(), end="")
-        if argv[0] == "check" and not max(statuses):
-            print("No problems: the set-up cell in every chapter, the Chinese edition in step "
-                  f"with the English, {importlib.import_module('book.tools.sources').summary()}.")
+            statuses.append(module.main([*given, *argv[1:]]) or 0)
         return max(statuses)
     except ToolError as error:
         print(f"error: {error}", file=sys.stderr)

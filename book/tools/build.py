@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import xml.etree.ElementTree as ET
 from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor
@@ -348,31 +347,23 @@ def write_execution_times(edition):
 
 def render(editions):
     """The editions' HTML, both at once, from scratch, any warning an error; each one's output
-    shown and its site put in place as it ends. {edition name: exit status}."""
-    runs, statuses = [], {}
-    try:
-        for edition in editions:
-            command = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
-                       "build", str(edition.src), "--all", "-W", "-n", "--keep-going"]
-            print(f"[{edition.name}] + " + " ".join(command), flush=True)
-            log = tempfile.TemporaryFile(mode="w+")
-            runs.append((edition, log, subprocess.Popen(command, cwd=ROOT, stdout=log,
-                                                        stderr=subprocess.STDOUT, text=True)))
-        for edition, log, process in runs:
-            statuses[edition.name] = process.wait()
-            log.seek(0)
-            print(log.read(), end="", flush=True)
-            if statuses[edition.name] == 0:
+    shown and its site put in place. {edition name: exit status}. (Ctrl-C reaches jupyter-book
+    too: it is in the terminal's process group.)"""
+    def jupyter_book(edition):
+        command = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
+                   "build", str(edition.src), "--all", "-W", "-n", "--keep-going"]
+        print(f"[{edition.name}] + " + " ".join(command), flush=True)
+        return subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    statuses = {}
+    with ThreadPoolExecutor(len(editions)) as runs:
+        for edition, done in zip(editions, runs.map(jupyter_book, editions)):
+            print(done.stdout, end="", flush=True)
+            statuses[edition.name] = done.returncode
+            if done.returncode == 0:
                 put_site_in_place(edition)
             else:
                 print(f"error: jupyter-book failed on the {edition.name} edition (warnings count "
                       f"as errors); {edition.html} was left as it was", file=sys.stderr)
-    finally:   # interrupted: no jupyter-book left running
-        for _, log, process in runs:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            log.close()
     return statuses
 
 

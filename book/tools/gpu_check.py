@@ -50,15 +50,10 @@ def this_machine():
 
 
 def current_commit():
-    """HEAD's short commit, '-modified' when the notebooks or scripts differ from it."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
-                                capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    changed = subprocess.run(["git", "status", "--porcelain", "--", "notebooks", "ddp_scripts"],
-                             cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    return commit + ("-modified" if changed else "")
+    """HEAD's short commit, '-modified' when a tracked file differs from it."""
+    done = subprocess.run(["git", "describe", "--always", "--exclude=*", "--dirty=-modified"], cwd=ROOT,
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "unknown (not a git checkout)"
 
 
 def commands(steps, slug):

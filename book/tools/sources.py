@@ -159,33 +159,6 @@ def directive_blocks(notebook, directive):
     return found
 
 
-@each_chapter
-def exercises_have_labelled_collapsed_solutions(root, path, number, notebook):
-    page = name(root, path)
-    exercises = directive_blocks(notebook, "exercise")
-    if not exercises:
-        return [f"{page}: has no {{exercise}}"]
-    found = [f"{page}, cell {index}: the exercise needs a :label:" for index, _, body in exercises
-             if not re.search(r"^:label:\s*(\S+)", body, re.M)]
-    labels = [m.group(1) for _, _, body in exercises if (m := re.search(r"^:label:\s*(\S+)", body, re.M))]
-    prefix = f"ch{number:02d}-"
-    found += [f"{page}: the label {label} must start with {prefix}"
-              for label in labels if not label.startswith(prefix)]
-    solutions = directive_blocks(notebook, "solution")
-    for index, target, body in solutions:
-        if target not in labels:
-            found.append(f"{page}, cell {index}: solution to unknown exercise {target!r}")
-        if not re.search(r"^:class:\s*dropdown\s*$", body, re.M):
-            found.append(f"{page}, cell {index}: the solution to {target} must be collapsed "
-                         "(:class: dropdown)")
-    if not solutions and not [c for c in notebook["cells"] if "solution" in tags(c)]:
-        found.append(f"{page}: no solution at all")
-    found += [f"{page}, cell {index}: gated solutions ({{solution-start}}) crash sphinx-exercise "
-              "1.2; use {solution} with :class: dropdown"
-              for index, c in enumerate(notebook["cells"]) if "{solution-start}" in cell_source(c)]
-    return found
-
-
 def fence_problems(markdown):
     """Directive fences closed early by a fence inside them, as messages (empty: none).
 
@@ -215,7 +188,7 @@ def directive_fences_nested_correctly(root, path, number, notebook):
             if cell["cell_type"] == "markdown" for problem in fence_problems(cell_source(cell))]
 
 
-def exercise_shape_problems(notebook):
+def exercise_shape_problems(notebook, number=None):
     """What departs from the one shape of an exercise (book/instructor-guide.md, "Exercises and self-checks"):
 
     1. a markdown cell that ends with one {exercise} block (prose only before the first);
@@ -223,6 +196,7 @@ def exercise_shape_problems(notebook):
        writes it, then a code cell tagged `self-check` that calls notebooks.selfcheck.check
        and compares nothing itself (no `==`, no answer in sight);
     3. a markdown cell that is one {solution} block for that exercise, collapsed.
+    Each exercise has a label, chNN- first (chapter `number`) when it is given.
     Solutions are never code cells: a student copy drops the {solution} blocks, and nothing
     after them can depend on them.
     """
@@ -249,6 +223,8 @@ def exercise_shape_problems(notebook):
                             "(the first may follow the section's prose)")
         label = re.search(r"^:label:\s*(\S+)", exercises[0][2], re.M)
         label = label.group(1) if label else None
+        if label is None or (number and not label.startswith(f"ch{number:02d}-")):
+            problems.append(f"cell {index}: the exercise needs a :label: ch{number or 0:02d}-<what>")
         if "`" in exercises[0][1]:  # seen with sphinx-exercise 1.x: the build then fails
             problems.append(f"{label}: no code in an exercise's title; sphinx-exercise "
                             "leaves its label undefined")
@@ -280,6 +256,8 @@ def exercise_shape_problems(notebook):
         if len(solutions) != 1 or solutions[0][1] != label:
             problems.append(f"{label}: cell {index} should be its {{solution}}, alone")
             break
+        if not re.search(r"^:class:\s*dropdown\s*$", solutions[0][2], re.M):
+            problems.append(f"{label}: the solution (cell {index}) must be collapsed (:class: dropdown)")
         if cell_source(cells[index]).strip().splitlines()[-1].strip("`:") != "" or not \
                 re.match(r"(`{3,}|:{3,})\{solution\}", cell_source(cells[index]).strip()):
             problems.append(f"{label}: the {{solution}} block must be the whole cell {index}")
@@ -289,7 +267,7 @@ def exercise_shape_problems(notebook):
 
 @each_chapter
 def exercises_have_the_one_shape(root, path, number, notebook):
-    return [f"{name(root, path)}: {problem}" for problem in exercise_shape_problems(notebook)]
+    return [f"{name(root, path)}: {problem}" for problem in exercise_shape_problems(notebook, number)]
 
 
 @each_chapter

@@ -125,8 +125,11 @@ PLANTED = {   # a flaw: (the check that must find it, how to plant it in the cop
         sources.ends_with_summary_and_exercises, lambda root: edit_text(
             first_chapter(root), lambda text: text.replace("## Summary", "## Recap"))),
     "an open solution": (
-        sources.exercises_have_labelled_collapsed_solutions, lambda root: edit_text(
+        sources.exercises_have_the_one_shape, lambda root: edit_text(
             first_chapter(root), lambda text: text.replace(":class: dropdown", ":class: tip"))),
+    "an exercise labelled for another chapter": (
+        sources.exercises_have_the_one_shape, lambda root: edit_text(
+            first_chapter(root), lambda text: re.sub(r"(:label: ch)\d\d-", r"\g<1>99-", text))),
     "a solution closed early by its own code fence": (
         sources.directive_fences_nested_correctly, lambda root: edit_notebook(root, append_markdown(
             "```{solution} ch01-planted\n:class: dropdown\n```python\nleak()\n```\n```"))),
