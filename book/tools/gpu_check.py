@@ -57,31 +57,23 @@ def current_commit():
 
 
 def commands(steps, slug):
-    """[(key, command, folder it runs in)] for the steps asked; {out} is the recording's folder."""
-    python, found = sys.executable, []
-    for step in steps or STEPS:
-        if step == "notebooks" or step.endswith(".ipynb"):
-            names = ([path.name for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))]
-                     if step == "notebooks" else [Path(step).name])
-            if not all((ROOT / "notebooks" / name).is_file() for name in names):
-                raise ToolError(f"no such notebook: {step}")
-            found += [(f"notebook:{name}", build.nbmake_command(
-                WORK / "src", [WORK / "src" / "notebooks" / name], WORK / "notebook-timings.xml"), WORK / "src")
-                for name in names]
-        elif step == "tests":
-            found.append(("tests", [python, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-o", "addopts=",
-                                    "-rs", "tests"], ROOT))
-        elif step == "micro":
-            found.append(("micro", [python, "-m", "ddp_scripts.measure.gpu_micro", "--out", "{out}",
-                                    "--commit", "{commit}"], ROOT))
-        elif step == "benchmark":
-            found += [(f"benchmark:{name}", [python, "ddp_scripts/measure/benchmark.py", "--size", "full", *options,
-                                             "--overwrite", "--dataset", "synthetic",
-                                             "--out", f"{{out}}/{slug}-{name}.json"], ROOT)
-                      for name, options in BENCHMARKS.items()]
-        else:
-            raise ToolError(f"no step {step!r}; one of: {', '.join(STEPS)}, or a notebook's path")
-    return found
+    """[(key, command)] for the steps asked, in order; {out} is the recording's folder."""
+    python, names = sys.executable, [path.name for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))]
+    table = {f"notebooks/{name}": [(f"notebook:{name}", build.nbmake_command(
+        WORK / "src", [WORK / "src" / "notebooks" / name], WORK / "notebook-timings.xml"))] for name in names}
+    table["notebooks"] = [command for name in names for command in table[f"notebooks/{name}"]]
+    table["tests"] = [("tests", [python, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-o", "addopts=",
+                                 "-rs", "tests"])]
+    table["micro"] = [("micro", [python, "-m", "ddp_scripts.measure.gpu_micro",
+                                 "--out", "{out}", "--commit", "{commit}"])]
+    table["benchmark"] = [(f"benchmark:{name}", [python, "ddp_scripts/measure/benchmark.py", "--size", "full",
+                                                 *options, "--overwrite", "--dataset", "synthetic",
+                                                 "--out", f"{{out}}/{slug}-{name}.json"])
+                          for name, options in BENCHMARKS.items()]
+    for step in steps:
+        if step not in table:
+            raise ToolError(f"no step {step!r}; one of: {', '.join(STEPS)}, or a notebook's path, notebooks/NAME.ipynb")
+    return [command for step in steps or STEPS for command in table[step]]
 
 
 def run_step(command, cwd, log):
@@ -169,14 +161,15 @@ def main(argv=None):
     if (ROOT / "data").is_dir():   # a downloaded CIFAR-10 is used, never fetched again
         (WORK / "src" / "data").symlink_to(ROOT / "data", target_is_directory=True)
     commit, done, failed = current_commit(), rec.read_json(folder / STEPS_FILE, []), False
-    for key, command, cwd in steps:
+    for key, command in steps:
         if not record and not key.startswith("notebook:"):
             entry = {"key": key, "result": "skipped: no CUDA"}
         else:
             command = [str(part).replace("{out}", str(folder)).replace("{commit}", commit) for part in command]
             print(f"+ {key}", flush=True)
             entry = {"key": key, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                     "commit": commit, **run_step(command, cwd, folder / "gpu-check.log")}
+                     "commit": commit, **run_step(command, WORK / "src" if key.startswith("notebook:") else ROOT,
+                                        folder / "gpu-check.log")}
             if record and key.startswith("notebook:") and entry["result"] == "passed":
                 record_notebook(key.split(":", 1)[1], entry, folder, machine)
         failed |= entry["result"] in ("failed", "timeout")
