@@ -166,20 +166,19 @@ def main(argv=None):
             entry = {"key": key, "result": "skipped: no CUDA"}
         else:
             command = [str(part).replace("{out}", str(folder)).replace("{commit}", commit) for part in command]
-            print(f"+ {key}", flush=True)
             entry = {"key": key, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                      "commit": commit, **run_step(command, WORK / "src" if key.startswith("notebook:") else ROOT,
                                         folder / "gpu-check.log")}
             if record and key.startswith("notebook:") and entry["result"] == "passed":
                 record_notebook(key.split(":", 1)[1], entry, folder, machine)
+        print(f"{key}: {entry['result']}" + (f" in {entry['seconds']} s" if "seconds" in entry else ""), flush=True)
         failed |= entry["result"] in ("failed", "timeout")
         done.append(entry)
         rec.write_json(folder / STEPS_FILE, done)
-    readme = summary(machine, done, record)
-    (folder / "README.md").write_text(readme, encoding="utf-8")
-    print(readme)
-    if args.pack:
-        Path(args.pack).parent.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(args.pack, "w:gz") as archive:
-            archive.add(folder, arcname=f"results/gpu-runs/{folder.name}")
+        (folder / "README.md").write_text(summary(machine, done, record), encoding="utf-8")
+        if args.pack:   # after every step: a machine taken back mid-run still hands over what ended
+            Path(args.pack).parent.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(args.pack, "w:gz") as archive:
+                archive.add(folder, arcname=f"results/gpu-runs/{folder.name}")
+    print(summary(machine, done, record))
     return 1 if failed else 0
