@@ -185,29 +185,14 @@ def source_archive(target):
     """The repository's files as this build reads them, in a zip for readers who can open the
     site but not the repository: its committed files at HEAD with the working tree's changes
     to them (`git stash create` makes that commit without touching anything). Returns target."""
-    git = ["git", "-C", str(ROOT)]
-    def run(*args):
-        return subprocess.run([*git, *args], capture_output=True, text=True)
-    if run("rev-parse", "HEAD").returncode:   # a copy without git (unpacked from this archive)
-        return zip_of_the_sources(target)
-    commit = run("stash", "create").stdout.strip() or "HEAD"
-    made = run("archive", "--format=zip", f"--prefix={ARCHIVE_FOLDER}/", "-o", str(target), commit)
-    if made.returncode:
-        raise ToolError(f"git archive failed: {made.stderr.strip().splitlines()[-1]}")
-    return target
-
-
-def zip_of_the_sources(target):
-    """The archive made without git: every file but what the build and the runs write."""
-    import zipfile
-    left_out = {".git", "_build", "data", "runs", "__pycache__", ".ipynb_checkpoints",
-                ".pytest_cache", ".ruff_cache", ".offline-assets", ".gpu-wheels"}
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(ROOT.rglob("*")):
-            parts = path.relative_to(ROOT).parts
-            if path.is_file() and not (left_out & set(parts) or parts[0].startswith(".venv")
-                                       or path.suffix == ".pyc"):
-                archive.write(path, f"{ARCHIVE_FOLDER}/{path.relative_to(ROOT)}")
+    def git(*args):
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        if done.returncode:
+            raise ToolError(f"git {args[0]} failed (the build needs a git checkout, for the site's "
+                            f"source archive): {done.stderr.strip()}")
+        return done.stdout.strip()
+    commit = git("stash", "create") or "HEAD"
+    git("archive", "--format=zip", f"--prefix={ARCHIVE_FOLDER}/", "-o", str(target), commit)
     return target
 
 
@@ -246,19 +231,12 @@ def twins(english, translated, name):
     naming it (`python -m book.tools translations sync` copies the code)."""
     cells = {cell.get("id"): cell for cell in english["cells"]   # not a recording's added cell
              if cell["cell_type"] == "code" and not gpu_recordings.added_cell(cell)}
-    pairs = []
-    for cell in translated["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        twin = cells.pop(cell.get("id"), None)
-        if twin is None or twin["source"] != cell["source"]:
-            why = "no English code cell has its id" if twin is None else "its code is not the English cell's"
-            raise ToolError(f"{name} cell {cell.get('id')}: {why}; run `python -m book.tools "
-                            "translations sync`")
-        pairs.append((twin, cell))
-    if cells:
-        raise ToolError(f"{name} cell {next(iter(cells))}: an English code cell missing from the "
-                        "translation; run `python -m book.tools translations sync`")
+    pairs = [(cells.pop(cell.get("id"), None), cell) for cell in translated["cells"]
+             if cell["cell_type"] == "code"]
+    unlike = [cell.get("id") for twin, cell in pairs if twin is None or twin["source"] != cell["source"]]
+    if unlike or cells:
+        raise ToolError(f"{name} cell {[*unlike, *cells][0]}: not the code of the English cell of "
+                        "its id; run `python -m book.tools translations sync`")
     return pairs
 
 
@@ -421,7 +399,7 @@ def main(argv=None):
             shorten_tracebacks(notebook, edition.name)
         # The outputs name the executed copy's paths, which the page leaves out.
         gpu_recordings.prepare(sorted((edition.src / "notebooks").glob("*.ipynb")),
-                               build_copy=EXECUTED.src, committed_dir=edition.notebooks,
+                               build_copy=EXECUTED.src,
                                recordings_root=edition.src / "results" / "gpu-runs",
                                language=edition.name)
     return max(render(editions).values())

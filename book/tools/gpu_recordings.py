@@ -20,7 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = ROOT / "results" / "gpu-runs"
 CELLS_FILE, RUN_FILE, CONDITIONS_FILE = "cells.json", "run.json", "conditions.json"
 GPU_TAG, MULTI_GPU_TAG = "gpu-output", "multi-gpu"
-DISPLAY_TAGS = ("hide-input", GPU_TAG, MULTI_GPU_TAG)   # taken from the committed notebook
 MARKER = "gpu_recording"     # metadata key of the outputs this module adds to a cell
 
 
@@ -226,53 +225,31 @@ def scrubber(build_copy=None):
     longest_first = sorted((form for form in names if len(form) > 1), key=len, reverse=True)
     paths = re.compile("|".join(rf"{re.escape(form)}(?=[/\\\s'\":,)\]]|$)" for form in longest_first))
     host = socket.gethostname().split(".")[0]
-    named = len(host) >= 3 and host not in ("localhost", "HOST")
-    host_name = re.compile(rf"(?<![\w.-]){re.escape(host)}(?![\w-])")
+    # A short or generic host name would match ordinary words: left as it is.
+    host_name = (re.escape(host) if len(host) >= 3 and host not in ("localhost", "HOST") else "(?!)")
+    host_name = re.compile(rf"(?<![\w.-]){host_name}(?![\w-])")
+    return lambda text: host_name.sub("HOST", paths.sub(lambda found: names[found.group(0)], text))
 
-    def scrub(text):
-        text = paths.sub(lambda found: names[found.group(0)], text)
-        return host_name.sub("HOST", text) if named else text
-    return scrub
+
+TEXT_FIELDS = {"text", "traceback", "evalue", "text/plain", "text/html", "text/markdown", "text/latex"}
 
 
 def scrub_outputs(outputs, scrub):
-    """The outputs, every text in them scrubbed in place."""
-    def clean(value):
-        if isinstance(value, list):
-            return [clean(item) for item in value]
-        return scrub(value) if isinstance(value, str) else value
-
+    """The outputs, every text in them (a string or a list of strings) scrubbed in place."""
     for output in outputs:
         for fields in (output, output.get("data", {})):
-            for key in ("text", "traceback", "evalue", "text/plain", "text/html", "text/markdown", "text/latex"):
-                if key in fields:
-                    fields[key] = clean(fields[key])
+            for key in TEXT_FIELDS & set(fields):
+                text = fields[key]
+                fields[key] = [scrub(part) for part in text] if isinstance(text, list) else scrub(text)
     return outputs
 
 
-def sync_display_tags(notebook, committed):
-    """The display tags of each cell as the committed notebook has them (matched by cell id)."""
-    if not committed.exists():
-        return
-    tags = {cell.get("id"): tags_of(cell) for cell in read_notebook(committed)["cells"]}
-    for cell in notebook["cells"]:
-        if cell.get("id") in tags:
-            kept = [tag for tag in tags_of(cell) if tag not in DISPLAY_TAGS]
-            cell.setdefault("metadata", {})["tags"] = kept + [
-                tag for tag in tags[cell["id"]] if tag in DISPLAY_TAGS]
-            if not cell["metadata"]["tags"]:
-                del cell["metadata"]["tags"]
-
-
-def prepare(notebooks, build_copy=None, recordings_root=None, report=print,
-            committed_dir=ROOT / "notebooks", language="en"):
+def prepare(notebooks, build_copy=None, recordings_root=RECORDINGS, report=print, language="en"):
     """Make every executed notebook ready for the page, in place. Returns the stale lines."""
-    root = recordings_root or (Path(build_copy) / "results" / "gpu-runs" if build_copy else RECORDINGS)
-    recordings, scrub = load_recordings(root), scrubber(build_copy)
+    recordings, scrub = load_recordings(recordings_root), scrubber(build_copy)
     stale, shown = [], 0
     for path in map(Path, notebooks):
         notebook = read_notebook(path)
-        sync_display_tags(notebook, Path(committed_dir) / path.name)
         for cell in notebook["cells"]:
             scrub_outputs(cell.get("outputs", []), scrub)
         stale += annotate(notebook, path.name, recordings, language)

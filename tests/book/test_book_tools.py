@@ -294,9 +294,9 @@ def test_a_chinese_chapter_shows_the_english_chapters_outputs_cell_by_cell(tmp_p
 
 
 @pytest.mark.parametrize("change, said", [
-    (lambda cells: cells[2].update(source="print('other')"), "cell c1: its code is not the English"),
-    (lambda cells: cells[2].update(id="c9"), "cell c9: no English code cell has its id"),
-    (lambda cells: cells.pop(3), "cell c2: an English code cell missing")])
+    (lambda cells: cells[2].update(source="print('other')"), "cell c1: not the code of the English"),
+    (lambda cells: cells[2].update(id="c9"), "cell c9: not the code of the English"),
+    (lambda cells: cells.pop(3), "cell c2: not the code of the English")])
 def test_a_chinese_code_cell_unlike_its_english_twin_is_an_error_naming_it(tmp_path, change, said):
     english, chinese = executed_pair(tmp_path)
     path = chinese.src / "notebooks" / "01_a.ipynb"
@@ -320,7 +320,7 @@ def test_the_committed_editions_have_the_same_code_and_a_build_checks_it_first(t
     notebook = read_notebook(chinese.notebooks / "01_a.ipynb")
     notebook["cells"][0]["source"] = "print('其他')"
     write_notebook(chinese.notebooks / "01_a.ipynb", notebook)
-    with pytest.raises(ToolError, match="01_a.ipynb cell c0: its code is not the English"):
+    with pytest.raises(ToolError, match="01_a.ipynb cell c0: not the code of the English"):
         build.main([])
 
 

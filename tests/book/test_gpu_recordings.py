@@ -7,9 +7,9 @@ import re
 import sys
 from pathlib import Path
 
-from book_files import ROOT, cell_source, chapters, first_code_cell, load_notebook
+from book_files import ROOT, cell_source, chapters, load_notebook
 
-from book.tools import gpu_recordings, sync_setup_cell
+from book.tools import gpu_recordings
 from ddp_scripts.measure import hardware
 
 CHAPTERS = chapters()
@@ -270,18 +270,6 @@ def test_build_machine_paths_and_name_are_taken_out_of_outputs(tmp_path, monkeyp
         [{"output_type": "error", "ename": "E", "evalue": f"at {ROOT}/x",
           "traceback": [traceback]}], scrub)
     assert str(ROOT) not in json.dumps(outputs)
-
-
-def test_display_tags_follow_the_committed_notebook(tmp_path):
-    committed = ROOT / "notebooks" / "01_devices.ipynb"
-    notebook = load_notebook(committed)
-    for cell in notebook["cells"]:
-        cell.get("metadata", {}).pop("tags", None)
-    gpu_recordings.sync_display_tags(notebook, committed)
-    assert sync_setup_cell.SETUP_TAG in first_code_cell(notebook)["metadata"]["tags"]
-    ids = [c["id"] for c in gpu_recordings.gpu_cells(load_notebook(committed))]
-    assert [c["id"] for c in gpu_recordings.gpu_cells(notebook)] == ids and ids
-
 
 
 def test_a_recorded_figure_gets_a_cell_of_its_own_below_the_numbered_one():
