@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_scripts.cli import first_line, say
+from ddp_scripts.cli import RunStopped, first_line, say
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
@@ -187,6 +187,25 @@ def downloaded_once(data_dir):
     if failed is not None:
         raise failed
     return loaded
+
+
+def cifar10_or_why(data_dir, fallback):
+    """(CIFAR-10's train and test tensors, "cifar10"); if they cannot be had, (None, the
+    synthetic fallback's name), said once per node; without fallback, the RunStopped each
+    rank raises once the ranks have compared their data sources, and "none"."""
+    try:
+        return downloaded_once(data_dir), "cifar10"
+    except Exception as error:  # offline, or a broken download
+        reason = first_line(error)
+    if not fallback:
+        return RunStopped(f"CIFAR-10 could not be loaded from {data_dir!r} ({reason}); "
+                          "--no-synthetic-fallback: not training on the synthetic set"), "none"
+    # Said before the ranks compare: a node that fell back says why, also when the others did
+    # not. Once per node (by every worker under torchrun --virtual-local-rank, all 0).
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        say(f"CIFAR-10 could not be loaded from {data_dir!r} ({reason}); "
+            "using the synthetic CIFAR-shaped data set instead")
+    return None, "synthetic (fallback)"
 
 
 def _tried(function, *args):

@@ -36,13 +36,12 @@ HELD_FOLDERS = {}
 
 
 def let_go_of_folders():
-    """run_cli's last step: unlock the folders held, and remove those the claim made if the
-    script left nothing in them (it stopped before it started)."""
+    """run_cli's last step: remove each lock file, then unlock it (checkpoints.hold), and
+    remove the folders the claim made if the script left nothing in them."""
     for descriptor, made, lock in HELD_FOLDERS.values():
         if descriptor is not None:
+            lock.unlink(missing_ok=True)
             os.close(descriptor)  # and with it the lock
-        if made and os.listdir(made[0]) == [lock.name]:  # the claim made OUT and nothing more
-            lock.unlink()
         for folder in made:
             try:
                 os.rmdir(folder)  # only if empty
@@ -51,26 +50,19 @@ def let_go_of_folders():
     HELD_FOLDERS.clear()
 
 
-# Set to 1 by the book's launcher and tests: a run that succeeds then ends with os._exit(0).
+# Set to 1 by the book's launcher and tests only: a run that succeeds then ends with
+# os._exit(0), which skips Python's slow way out after importing torch, but also atexit
+# handlers and unflushed files; leave it unset for your own runs.
 FAST_EXIT = "DDP_SCRIPTS_FAST_EXIT"
 
 
 def run_cli(main):
-    """Call `main()` as a script's entry point, and end the process.
-
-    Bad input (UsageError): one line on stderr, exit status 2; a run that had to stop
-    (RunStopped), or another rank that ended first (peer_lost): one line, status 1;
-    SIGTERM or Ctrl-C: one line; any other exception: Python's traceback, status 1. The
-    error also goes to torchrun's error file for this worker (runfiles.py), where torchrun
-    and the launcher read which rank failed and why.
-
-    With DDP_SCRIPTS_FAST_EXIT=1, a run that succeeds ends with os._exit(0): it skips Python's
-    slow way out after importing torch, but also atexit handlers and unflushed files, so only
-    the book's launcher and tests set it; leave it unset for your own runs.
-    """
+    """Call `main()` as a script's entry point, and end the process: UsageError is one line
+    and exit status 2; RunStopped (or peer_lost) one line and 1; SIGTERM or Ctrl-C one line;
+    any other exception Python's traceback and 1. Failures also go to torchrun's error file
+    (runfiles.py), where torchrun and the launcher read which rank failed and why."""
     rank = os.environ.get("RANK")  # checked by ranks.require_torchrun, if the script needs it
     rank = int(rank) if rank and rank.isdigit() else None
-    tag = f"[rank {rank}] " if rank is not None else ""
     previous = signal.signal(signal.SIGTERM, _terminated)  # in the main thread: a script's
     try:
         try:
@@ -85,15 +77,17 @@ def run_cli(main):
             say(str(error))
         sys.exit(0)
     except (UsageError, RunStopped) as error:
+        from ddp_scripts.runfiles import write_error_file  # for torchrun and the launcher
         status = 2 if isinstance(error, UsageError) else 1
-        sys.stderr.write(f"{tag}error: {error}\n")  # one write: see say(); first, in case
-        sys.stderr.flush()                         # the error file cannot be written
-        _write_error_file(error, exit_code=status, rank=rank, with_stack=False)
+        sys.stderr.write(f"{tag(rank)}error: {error}\n")  # one write: see say()
+        sys.stderr.flush()
+        write_error_file(error, exit_code=status, rank=rank, with_stack=False)
         sys.exit(status)
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM (Terminated)
-        end_interrupted(error, tag)
+        end_interrupted(error, tag(rank))
     except Exception as error:
-        _write_error_file(error, exit_code=1, rank=rank)
+        from ddp_scripts.runfiles import write_error_file
+        write_error_file(error, exit_code=1, rank=rank)
         raise
     if os.environ.get(FAST_EXIT) == "1":
         sys.stdout.flush()
@@ -102,8 +96,7 @@ def run_cli(main):
 
 
 def peer_lost(error):
-    """gloo's error on a rank whose peer's process ended (killed, say) in a collective, as a
-    RunStopped (its traceback says nothing about why); any other error as it is."""
+    """gloo's error when another rank's process ended in a collective, as one line."""
     if not any(text in str(error) for text in ("Connection reset by peer", "Connection closed by peer")):
         return error
     return RunStopped(f"another rank ended first ({type(error).__name__}: "
@@ -112,9 +105,8 @@ def peer_lost(error):
 
 
 def end_interrupted(error, tag):
-    """Ctrl-C or SIGTERM (cli.Terminated): one line, as the files are as the last finished
-    epoch left them. Ctrl-C ends with exit status 130; SIGTERM ends the process by SIGTERM
-    itself, as torchrun and shells expect (exit status 143 in a shell, -15 in Python)."""
+    """Ctrl-C or SIGTERM: one line. Ctrl-C exits with 130; SIGTERM ends the process by
+    SIGTERM itself, as torchrun and shells expect (143 in a shell, -15 in Python)."""
     how = "SIGTERM" if isinstance(error, Terminated) else "Ctrl-C"
     sys.stderr.write(f"{tag}interrupted ({how}); the last checkpoint saved, if any, is whole\n")
     sys.stderr.flush()
@@ -124,35 +116,18 @@ def end_interrupted(error, tag):
     sys.exit(130)
 
 
-def _write_error_file(error, **details):
-    """write_error_file, which must not turn one error into another: a log folder removed or
-    full while the run went on loses the error file, not the error's line or exit status."""
-    from ddp_scripts.runfiles import write_error_file  # for torchrun and the launcher, on failure
-    try:
-        write_error_file(error, **details)
-    except OSError:
-        pass  # the error's own line is out already; torchrun then reports the exit status
-
-
-def cannot_write(option, path, error):
-    """The UsageError for a path an option names that cannot be made or written (OSError)."""
-    reason = ("Not a directory" if isinstance(error, FileExistsError)  # a file where a folder goes
-              else error.strerror or first_line(error))
-    where = f" ({error.filename})" if error.filename not in (None, str(path)) else ""
-    return UsageError(f"{option} {path} cannot be written: {reason}{where}")
-
-
 def first_line(error):
     """An exception's message in one line, for a one-line error or announcement."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def say(message):
-    """Print one line, tagged with this process's rank, flushed at once.
+def tag(rank):
+    return f"[rank {rank}] " if rank is not None else ""
 
-    The line and its newline go out in one write: print() writes them apart, and with
-    unbuffered output (PYTHONUNBUFFERED=1, as the launcher sets) two ranks' lines can mix.
-    """
+
+def say(message):
+    """Print one line, tagged with this process's rank, in one write (print() writes the
+    newline apart, and two ranks' unbuffered lines could mix)."""
     sys.stdout.write(f"[rank {os.environ.get('RANK', '0')}] {message}\n")
     sys.stdout.flush()

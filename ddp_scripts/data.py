@@ -3,20 +3,16 @@
 Under DDP the ranks check that they all loaded the same data. How CIFAR-10 is fetched, once
 per job, is in cifar10.py.
 """
-import os
 
 import torch
 import torch.nn.functional as F
 
-from ddp_scripts.cli import RunStopped, UsageError, first_line, say
+from ddp_scripts.cli import RunStopped, UsageError
 from ddp_scripts.ranks import agree_on_data_source, world_size
 
 class TensorImages(torch.utils.data.Dataset):
-    """Images and labels held as two tensors.
-
-    `__getitems__` lets a DataLoader fetch a whole batch with one indexing operation
-    instead of one call per image; `keep_batch` then passes that batch through as is.
-    """
+    """Images and labels held as two tensors. `__getitems__` lets a DataLoader fetch a whole
+    batch with one indexing operation, not one call per image (keep_batch passes it on)."""
 
     def __init__(self, images, labels, source):
         self.images, self.labels, self.source = images, labels, source
@@ -38,13 +34,9 @@ def keep_batch(batch):
 
 
 def synthetic_cifar(train_samples=50_000, test_samples=10_000, seed=1234):
-    """A learnable stand-in for CIFAR-10: same shapes, ten classes, offline.
-
-    Each class has its own smooth colour pattern; an image is its class's pattern, shifted
-    by up to 8 pixels, scaled, under strong noise. The CNN gets well above chance (10%) in
-    one epoch and keeps improving for several, like on CIFAR-10, and accuracy on the
-    separate test split (other images, same patterns) is meaningful.
-    """
+    """A learnable stand-in for CIFAR-10: same shapes, ten classes, offline. An image is its
+    class's smooth colour pattern, shifted by up to 8 pixels, scaled, under strong noise: the
+    CNN learns it over several epochs, and the test split (other images) measures that."""
     g = torch.Generator().manual_seed(seed)
     coarse = torch.randn(10, 3, 4, 4, generator=g)
     patterns = F.interpolate(coarse, size=(40, 40), mode="bicubic", align_corners=False)
@@ -76,36 +68,17 @@ def _shifted_crops(patterns, labels, dx, dy):
 
 def load_datasets(dataset="cifar10", data_dir="data", train_samples=None, test_samples=None,
                   dtype="float32", fallback=True):
-    """Train and test sets as TensorImages. CIFAR-10 falls back to synthetic, announced;
-    with fallback=False (--no-synthetic-fallback) the run stops instead, in one line.
-
-    Under DDP every rank must train on the same data: CIFAR-10 is downloaded once, and the
-    ranks compare what they loaded; if it differs (a node that could not get CIFAR-10 while
-    the others did), the run stops with one line on every rank.
-    """
-    reason = None  # why CIFAR-10 could not be had, if it could not
+    """Train and test sets as TensorImages. CIFAR-10 falls back to synthetic, announced (or,
+    with fallback=False, stops the run in one line). The ranks check that they all loaded
+    the same data."""
+    loaded, source = None, "synthetic"
     if dataset == "cifar10":
-        try:
-            from ddp_scripts.cifar10 import downloaded_once  # the download machinery, only when asked
-            (train, test), source = downloaded_once(data_dir), "cifar10"
-        except Exception as error:  # offline, or a broken download
-            reason = first_line(error)
-            source = "synthetic (fallback)" if fallback else "none"
-            if fallback:
-                train, test = synthetic_cifar(train_samples or 50_000, test_samples or 10_000)
-    else:
-        train, test = synthetic_cifar(train_samples or 50_000, test_samples or 10_000)
-        source = "synthetic"
-    # Said before the ranks compare: a node that fell back says why, also when the others did
-    # not and the comparison stops the run. Once per node (by every worker under torchrun
-    # --virtual-local-rank, where all are 0).
-    if reason is not None and fallback and int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        say(f"CIFAR-10 could not be loaded from {data_dir!r} ({reason}); "
-            "using the synthetic CIFAR-shaped data set instead")
+        from ddp_scripts.cifar10 import cifar10_or_why  # the download machinery, only when asked
+        loaded, source = cifar10_or_why(data_dir, fallback)  # says why it falls back
     agree_on_data_source(source, data_dir)
-    if reason is not None and not fallback:
-        raise RunStopped(f"CIFAR-10 could not be loaded from {data_dir!r} ({reason}); "
-                         "--no-synthetic-fallback: not training on the synthetic set")
+    if isinstance(loaded, RunStopped):  # --no-synthetic-fallback: every rank stops, together
+        raise loaded
+    train, test = loaded or synthetic_cifar(train_samples or 50_000, test_samples or 10_000)
     (x_train, y_train), (x_test, y_test) = train, test
     if train_samples:
         x_train, y_train = x_train[:train_samples], y_train[:train_samples]
@@ -117,10 +90,7 @@ def load_datasets(dataset="cifar10", data_dir="data", train_samples=None, test_s
 
 
 def check_batch_fits(batch_size, train_samples):
-    """A global batch larger than the training set would make every epoch a single step.
-
-    The global batch is batch_size times the number of processes in the group (one without
-    a process group)."""
+    """A global batch (batch_size x processes) larger than the training set: one line."""
     processes = world_size()
     if batch_size * processes > train_samples:
         raise UsageError(f"a global batch of {batch_size * processes} ({processes} x "

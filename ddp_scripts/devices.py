@@ -2,6 +2,7 @@
 CPU threads (set_cpu_threads), waiting for the GPU before reading a clock (synchronize), and a
 batch too large for the device's memory, said in one line (reported_if_out_of_memory).
 """
+import contextlib
 import os
 
 import torch
@@ -12,12 +13,9 @@ from ddp_scripts.cli import UsageError, say
 def pick_device(requested="auto", local_rank=0):
     """The device this process trains on. 'auto' means CUDA if present, else CPU.
 
-    Process `local_rank` of a node takes GPU `local_rank`. A cluster that starts one task
-    per GPU itself (srun, no torchrun) shows each a single GPU, as cuda:0: with one GPU
-    visible, a process of a later local rank takes it when the scheduler chose it
-    (CUDA_VISIBLE_DEVICES is set). Under torchrun (TORCHELASTIC_RUN_ID is set) every worker
-    of a node sees the same GPUs, so there, and on a machine with one GPU, a later local
-    rank than there are GPUs is an error: two processes cannot share one GPU under nccl.
+    Process `local_rank` of a node takes GPU `local_rank`, unless a scheduler (srun, no
+    torchrun) showed it only the one GPU it chose, as cuda:0. Two processes cannot share
+    one GPU under nccl: a local rank with no GPU of its own is an error.
     """
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
@@ -47,13 +45,9 @@ def say_device(device, requested, world_size=1, gpus=0):
     although this PyTorch is built for CUDA (a driver, or CUDA_VISIBLE_DEVICES, hides it)."""
     if os.environ.get("RANK", "0") != "0":
         return
-    where = str(device)
-    if device.type == "cuda":
-        where += f" ({torch.cuda.get_device_name(device)})"
-        if world_size == 1 and gpus > 1:  # DataParallel
-            where += f" and {gpus - 1} more GPU(s)"
-    if world_size > 1:
-        where += f", one of {world_size} processes"
+    where = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
+    where += f" and {gpus - 1} more GPU(s)" if world_size == 1 and gpus > 1 else ""  # DataParallel
+    where += f", one of {world_size} processes" if world_size > 1 else ""
     if device.type == "cpu" and requested == "auto" and torch.version.cuda:
         say(f"notice: training on {where}: --device auto found no usable GPU, although this "
             f"PyTorch is built for CUDA {torch.version.cuda} (no GPU, no driver, or "
@@ -70,24 +64,17 @@ def require_gpus_for_data_parallel(device):
 
 
 def set_precision(tf32=False):
-    """TF32: on Ampere and newer GPUs, PyTorch runs float32 convolutions (cuDNN) with 10-bit
-    mantissas by default (torch.backends.cudnn.conv.fp32_precision is "tf32"), matrix products
-    in full float32. Off (the default here), float32 means float32 everywhere ("ieee"), and a
-    DDP run matches a single-process run as closely on a GPU as on a CPU; --tf32 trades that
-    for speed. Only the fp32_precision settings are used: PyTorch refuses to read a mix of
-    them and of the legacy allow_tf32 flags."""
+    """float32 as float32 everywhere ("ieee"), or TF32's 10-bit mantissas on Ampere and newer
+    GPUs (--tf32), which PyTorch's default uses for convolutions. Only the fp32_precision
+    settings: PyTorch refuses a mix of them and the legacy allow_tf32 flags."""
     precision = "tf32" if tf32 else "ieee"
     torch.backends.cuda.matmul.fp32_precision = precision
     torch.backends.cudnn.conv.fp32_precision = precision
 
 
 def set_cpu_threads(threads=None, processes_per_node=None):
-    """Split the cores this process may use between the processes of its node: torchrun's
-    LOCAL_WORLD_SIZE of them (1 without torchrun), unless `processes_per_node` is given.
-
-    The cores it may use, not all of the machine's: a Slurm job or a container may pin it
-    to fewer, or cap its CPU time (hardware.usable_cores), and counting all of them
-    oversubscribes."""
+    """Split the cores this process may use (a Slurm job or a container may allow fewer than
+    the machine's) between the LOCAL_WORLD_SIZE processes of its node (1 without torchrun)."""
     from ddp_scripts.measure.hardware import usable_cores  # affinity and cgroup quotas: the machine's details
     if processes_per_node is None:
         text = os.environ.get("LOCAL_WORLD_SIZE", "1")
@@ -108,18 +95,12 @@ def synchronize(device):
         torch.mps.synchronize()
 
 
-class reported_if_out_of_memory:
-    """Around forward and backward: a batch too large for the device's memory becomes
-    one line that says what to do, instead of a page of CUDA traceback."""
-
-    def __init__(self, batch_size, device):
-        self.batch_size, self.device = batch_size, device
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, traceback):
-        if kind is not None and issubclass(kind, torch.OutOfMemoryError):
-            raise UsageError(f"a batch of {self.batch_size} images does not fit in the memory "
-                             f"of {self.device}: lower --batch-size") from None
-        return False
+@contextlib.contextmanager
+def reported_if_out_of_memory(batch_size, device):
+    """Around forward and backward: a batch too large for the device's memory becomes one
+    line that says what to do, instead of a page of CUDA traceback."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise UsageError(f"a batch of {batch_size} images does not fit in the memory "
+                         f"of {device}: lower --batch-size") from None

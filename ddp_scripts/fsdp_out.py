@@ -26,10 +26,10 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 
 from ddp_scripts import checkpoints
-from ddp_scripts.checkpoints import (append_metrics, check_same_training, claim_out_dir,
-                                    epoch_record, load_checkpoint, os_error_in, run_identity,
-                                    stop_if_nothing_to_do, training_settings, write_atomically)
+from ddp_scripts.checkpoints import (append_metrics, claim_out_dir, epoch_record, load_checkpoint,
+                                    run_identity, training_settings, write_atomically)
 from ddp_scripts.cli import RunStopped, UsageError, first_line, say
+from ddp_scripts.mishaps import check_same_training, os_error_in, stop_if_nothing_to_do
 from ddp_scripts.runfiles import (CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs,
                                   metrics_rows)
 from ddp_scripts.sharding import bytes_per_rank
@@ -84,9 +84,9 @@ def prepare_out_dir(args, global_batch_size):
         raise UsageError(f"{folder} belongs to another run ({info['identity']}), not "
                          f"{sharded_identity(args)}; use another --out or --overwrite")
     refuse_if_trained_on_since(out, info["epoch"])
-    stop_if_nothing_to_do(info["epoch"], args, folder)
+    stop_if_nothing_to_do(info["epoch"], args.epochs, folder)
     check_same_training({key: info[key] for key in ("lr", "momentum", "seed", "train_samples")
-                         if key in info}, args, folder)
+                         if key in info}, training_settings(args), folder)
     if info["global_batch_size"] != global_batch_size:
         raise UsageError(f"{folder} was trained with a global batch of "
                          f"{info['global_batch_size']} and this run's is {global_batch_size}: "

@@ -32,17 +32,13 @@ class Net(nn.Module):
 def build_model(name="cnn", seed=0, dtype=torch.float32):
     """The same seed gives the same initial weights in every process."""
     torch.manual_seed(seed)
-    if name == "cnn":
-        model = Net()
-    else:
-        model = cifar_resnet18()
+    model = Net() if name == "cnn" else cifar_resnet18()
     return model.to(dtype)
 
 
 def cifar_resnet18():
-    """ResNet-18 as CIFAR-10 papers use it: torchvision's network with a 3x3 stride-1 stem and
-    no max-pool. torchvision's ImageNet stem (7x7 stride-2 convolution, then a stride-2
-    max-pool) would shrink a 32x32 image to 8x8 before the first block and to 1x1 at the end."""
+    """ResNet-18 as CIFAR-10 papers use it: a 3x3 stride-1 stem and no max-pool, where
+    torchvision's ImageNet stem would shrink a 32x32 image to 8x8 before the first block."""
     import torchvision  # imported only here: it costs seconds at start-up
     model = torchvision.models.resnet18(num_classes=10)
     model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)

@@ -5,7 +5,6 @@ the options that contradict each other, and sets the float32 precision that --tf
 """
 import argparse
 import math
-import os
 import re
 
 from ddp_scripts.cli import UsageError
@@ -21,41 +20,30 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(re.sub(r"^argument (-[^:/ ]+)[^:]*: must be", r"\1 must be", message))
 
 
-def _number(kind, text, fits, what):
-    """`text` read as `kind` (int or float) if it `fits`; else the line that says why."""
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be {'a whole number' if kind is int else 'a number'}, got {text!r}") from None
-    if not ((kind is int or math.isfinite(value)) and fits(value)):
-        raise argparse.ArgumentTypeError(f"must be {what}, got {text[:40]}")
-    return value
+def number(kind, fits, what):
+    """An argparse type: the text read as `kind` (int or float) if it `fits`, else the line
+    that says why."""
+    def read(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be {'a whole number' if kind is int else 'a number'}, got {text!r}") from None
+        if not ((kind is int or math.isfinite(value)) and fits(value)):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text[:40]}")
+        return value
+    return read
 
 
 # The types of the numeric options: every value is checked as the options are read.
-def count(text):
-    return _number(int, text, lambda n: n >= 1, "at least 1")
-
-
-def non_negative_int(text):
-    return _number(int, text, lambda n: n >= 0, "0 or more")
-
-
-def seed_number(text):  # torch.manual_seed takes up to 2**64 - 1, and the scripts add the epoch
-    return _number(int, text, lambda n: 0 <= n < 2**63, "from 0 to 2**63 - 1")
-
-
-def positive_number(text):
-    return _number(float, text, lambda x: x > 0, "a finite number above 0")
-
-
-def non_negative_number(text):
-    return _number(float, text, lambda x: x >= 0, "a finite number, 0 or more")
-
-
-def seconds(text):  # gloo refuses, in a traceback, a timeout of 1e10 s (it overflows)
-    return _number(float, text, lambda x: 0 < x <= 1e9, "a number of seconds above 0, at most 1e9")
+count = number(int, lambda n: n >= 1, "at least 1")
+non_negative_int = number(int, lambda n: n >= 0, "0 or more")
+# torch.manual_seed takes up to 2**64 - 1, and the scripts add the epoch
+seed_number = number(int, lambda n: 0 <= n < 2**63, "from 0 to 2**63 - 1")
+positive_number = number(float, lambda x: x > 0, "a finite number above 0")
+non_negative_number = number(float, lambda x: x >= 0, "a finite number, 0 or more")
+# gloo refuses, in a traceback, a timeout of 1e10 s (it overflows)
+seconds = number(float, lambda x: 0 < x <= 1e9, "a number of seconds above 0, at most 1e9")
 
 
 def folder(text):  # "" would be the current directory, without a word
@@ -76,9 +64,7 @@ def build_parser(description):
     p.add_argument("--test-samples", type=count, default=None,
                    help="use only the first N test images (default: all; synthetic: 10000)")
     p.add_argument("--model", choices=["cnn", "resnet18"], default="cnn",
-                   help="cnn: the CNN of PyTorch's CIFAR-10 tutorial; resnet18: ResNet-18 as "
-                        "CIFAR-10 papers use it (3x3 stride-1 stem, no max-pool), not "
-                        "torchvision's ImageNet stem")
+                   help="cnn: PyTorch's CIFAR-10 tutorial's; resnet18: as CIFAR-10 papers use it")
     p.add_argument("--epochs", type=count, default=2)
     p.add_argument("--batch-size", type=count, default=32, help="per process")
     p.add_argument("--lr", type=positive_number, default=0.01)
@@ -91,15 +77,12 @@ def build_parser(description):
     p.add_argument("--out", type=folder, required=True,
                    help="output directory: metrics.jsonl, checkpoint.pt")
     p.add_argument("--resume", action="store_true",
-                   help="continue from OUT/checkpoint.pt if it exists, else start fresh; the "
-                        "options must be those it was trained with (--lr, --momentum, "
-                        "--train-samples, --seed, the global batch)")
+                   help="continue from OUT/checkpoint.pt, with the options it was trained with")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")
     p.add_argument("--stop-after-epoch", type=count, default=None,
                    help="stop after this epoch, as if interrupted (for resume demos)")
     p.add_argument("--tf32", action="store_true",
-                   help="let float32 convolutions and matrix products use TF32 on Ampere and "
-                        "newer GPUs: faster, about 3 decimal digits (default: full float32)")
+                   help="float32 as TF32 on Ampere and newer GPUs: faster, about 3 decimal digits")
     p.add_argument("--timeout-s", type=seconds, default=600,
                    help="DDP: how long a collective waits for the other ranks before failing")
     # The source article's launcher, python -m torch.distributed.launch, passes this option
@@ -121,8 +104,6 @@ def check_args(args):
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite contradict each other: pick one")
     if args.local_rank is not None:  # started by torch.distributed.launch, the article's way
-        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-        if os.environ["LOCAL_RANK"] == "0":
-            print("notice: --local-rank comes from the deprecated torch.distributed.launch; "
-                  "torchrun sets LOCAL_RANK instead", flush=True)
+        from ddp_scripts.mishaps import launched_the_old_way
+        launched_the_old_way(args.local_rank)
     set_precision(args.tf32)

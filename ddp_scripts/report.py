@@ -2,11 +2,9 @@
 rank 0 also says where it trains), and once it has finished, run.json (write_summary).
 """
 import json
-import os
 import time
 from pathlib import Path
 
-import psutil
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
@@ -28,9 +26,8 @@ def strategy_of(model):
 
 
 def run_context(args, device, model, threads, data_source, **levers):
-    """What every line of metrics.jsonl records about how the run was made; `levers`: the
-    options of chapter 10 (train_fast.py, speed.lever_settings). Rank 0 also says, once, on
-    which device the run trains, and checks that a resumed run trains on the same data."""
+    """What every line of metrics.jsonl records about how the run was made (`levers`: chapter
+    10's options). Rank 0 also says where it trains, and checks a resume's data source."""
     if args.resume:
         from ddp_scripts.mishaps import check_same_data
         on_rank_0(check_same_data, args.out, data_source)
@@ -47,11 +44,10 @@ def run_context(args, device, model, threads, data_source, **levers):
 
 
 def write_summary(out, model, device, train_start, args, **extra):
-    """OUT/run.json, once the run has finished: times, hardware, options; `extra`: more keys
-    to record. The start-up is timed from the process's start (started_at), so that the
-    scripts need no clock before their imports."""
-    # The machine, for the record (nvidia-smi, cgroups): measurement plumbing, not the lesson.
-    from ddp_scripts.measure.hardware import describe_hardware
+    """OUT/run.json, once the run has finished: times (start-up from the process's start),
+    hardware, options; `extra`: more keys to record."""
+    # The machine and the process's age (nvidia-smi, cgroups, /proc): measurement, not the lesson.
+    from ddp_scripts.measure.hardware import describe_hardware, seconds_since_start
     end = time.perf_counter()
     start = end - seconds_since_start()  # the process's start, on perf_counter's clock
     summary = {"strategy": strategy_of(model), "world_size": world_size(),
@@ -64,14 +60,3 @@ def write_summary(out, model, device, train_start, args, **extra):
     except OSError as error:  # a full disk, say: the training itself is saved
         from ddp_scripts.mishaps import summary_not_written
         raise summary_not_written(out, error) from None
-
-
-def seconds_since_start():
-    """How long ago this process started. On Linux from /proc, in 10 ms steps (psutil's
-    create_time adds the boot time in whole seconds); elsewhere from psutil."""
-    try:
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        return uptime - started / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.time() - psutil.Process().create_time()

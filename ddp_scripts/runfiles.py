@@ -58,8 +58,8 @@ def logged_epochs(out):
 def write_error_file(error, exit_code, rank=None, with_stack=True):
     """Record why this process fails, for torchrun and the launcher. No-op outside torchrun
     (and outside the launcher, which sets the variable for a single process too).
-    `with_stack=False`: an error said in one line (bad input, a run that had to stop), whose
-    traceback would say nothing more."""
+    `with_stack=False`: an error said in one line, whose traceback would say nothing more.
+    A log folder that cannot be written loses the file, not the error's line or exit status."""
     path = os.environ.get(ERROR_FILE_VARIABLE)
     if not path:
         return
@@ -68,8 +68,11 @@ def write_error_file(error, exit_code, rank=None, with_stack=True):
                         "extraInfo": {"py_callstack": stack,
                                       "timestamp": str(int(time.time()))}},
             "reason": str(error), "rank": rank, "exit_code": exit_code, "time": time.time()}
-    with open(path, "w") as f:
-        json.dump(data, f)
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        pass  # the error's own line is out already; torchrun then reports the exit status
 
 
 def _last_attempt(log_dir):

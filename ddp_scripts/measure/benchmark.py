@@ -46,7 +46,8 @@ if not __package__:  # run as a file, not imported: find ddp_scripts as notebook
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from ddp_scripts.checkpoints import write_atomically
-from ddp_scripts.cli import UsageError, cannot_write, first_line, run_cli
+from ddp_scripts.cli import UsageError, first_line, run_cli
+from ddp_scripts.mishaps import cannot_write
 from ddp_scripts.cifar10 import cifar10_tensors
 from ddp_scripts.measure.hardware import describe_hardware
 from ddp_scripts.launcher import (ROOT, SCRIPTS, LaunchError, as_cli, read_metrics, repository_relative,

@@ -8,6 +8,7 @@ import platform
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 # Terminal escape codes: nvidia-smi underlines the header of `topo -m` with them, even into a
@@ -202,3 +203,15 @@ def _nvidia_smi(arguments):
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
+
+
+def seconds_since_start():
+    """How long ago this process started. On Linux from /proc, in 10 ms steps (psutil's
+    create_time adds the boot time in whole seconds); elsewhere from psutil."""
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return uptime - started / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        import psutil
+        return time.time() - psutil.Process().create_time()

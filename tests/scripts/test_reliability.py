@@ -27,7 +27,7 @@ from ddp_scripts.checkpoints import prepare_out_dir, start_out_dir, write_atomic
 from ddp_scripts.cli import NothingToDo, RunStopped, UsageError, let_go_of_folders
 from ddp_scripts.launcher import LaunchError, failure, run_command, run_script, torchrun_command
 from ddp_scripts.options import build_parser
-from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs
+from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs, metrics_rows
 from helpers import SMALL, assert_one_line_error, run_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,11 +118,42 @@ def test_a_run_lets_go_of_its_folder_even_when_it_fails(tmp_path):
     out = tmp_path / "run"
     failed = run_in_process("train_single.py", *RUN, "--lr", "1e30", "--out", out)
     assert failed.returncode == 1 and "the loss became nan" in failed.stderr
-    holder = os.open(out / checkpoints.LOCK, os.O_RDWR)
+    assert not (out / checkpoints.LOCK).exists()  # removed as the run let go
+    checkpoints.claim_out_dir(out)  # and nothing holds it
+    let_go_of_folders()
+
+
+def test_a_refused_run_leaves_a_folder_as_it_found_it(finished, tmp_path):
+    """A run refused at the start (OUT holds a run) leaves no lock file behind, in a folder
+    that was there before; a folder the claim made, it removes."""
+    out = copy_of(finished, tmp_path)
+    before = sorted(p.name for p in out.iterdir())
+    result = run_in_process("train_single.py", *RUN, "--out", out)
+    assert_one_line_error(result, "already holds a run")
+    assert sorted(p.name for p in out.iterdir()) == before
+    result = run_in_process("train_single.py", *RUN, "--batch-size", "100000", "--out", tmp_path / "new" / "run")
+    assert_one_line_error(result, "lower --batch-size")  # refused after the claim made the folders
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_lock_removed_while_it_was_taken_is_taken_again(tmp_path, monkeypatch):
+    """A run that lets go removes OUT/.lock: a run that opened the old file just before must
+    not hold that one (a third run would make a new file and hold it too). It sees the file
+    is gone, and takes the new one."""
+    lock = tmp_path / checkpoints.LOCK
+    real_flock, calls = fcntl.flock, []
+
+    def flock_then_let_go(descriptor, operation):
+        real_flock(descriptor, operation)
+        calls.append(descriptor)
+        if len(calls) == 1:
+            lock.unlink()  # the holder's let-go, between this run's open and its flock
+    monkeypatch.setattr(checkpoints.fcntl, "flock", flock_then_let_go)
+    descriptor = checkpoints.hold(lock)
     try:
-        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if still held
+        assert len(calls) == 2 and os.path.samestat(os.fstat(descriptor), os.stat(lock))
     finally:
-        os.close(holder)
+        os.close(descriptor)
 
 
 def test_a_new_run_removes_only_the_temporary_files_of_its_own_kind(tmp_path):
@@ -452,7 +483,7 @@ def test_a_resume_with_another_seed_is_refused(finished, tmp_path):
 def test_a_resume_on_other_data_than_the_epochs_kept_is_refused(finished, tmp_path):
     """Epochs trained on the synthetic fallback, resumed where CIFAR-10 now loads."""
     out = copy_of(finished, tmp_path)
-    rows = [{**row, "dataset": "synthetic (fallback)"} for row in checkpoints.metrics_rows(out)]
+    rows = [{**row, "dataset": "synthetic (fallback)"} for row in metrics_rows(out)]
     (out / METRICS).write_text("".join(json.dumps(row) + "\n" for row in rows))
     result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", out)
     assert_one_line_error(result, "was trained on synthetic (fallback) data and this run loaded "
