@@ -11,7 +11,6 @@ Each check takes the repository's root and returns its problems: the file, the c
 and what is wrong.
 """
 import argparse
-import ast
 import json
 import re
 from pathlib import Path
@@ -113,15 +112,6 @@ def toc_numbers_the_chapters_in_file_order(root):
 # --- each chapter -------------------------------------------------------------------------------
 
 @each_chapter
-def the_python3_kernel(root, path, number, notebook):
-    kernel = notebook.get("metadata", {}).get("kernelspec", {})
-    if (kernel.get("name"), kernel.get("language")) == ("python3", "python"):
-        return []
-    return [f"{name(root, path)}: the kernel is {kernel.get('name')!r} ({kernel.get('language')!r}), "
-            "not 'python3' ('python')"]
-
-
-@each_chapter
 def the_title_carries_the_chapter_number(root, path, number, notebook):
     first = notebook["cells"][0]
     if first["cell_type"] != "markdown":
@@ -147,16 +137,13 @@ def ends_with_summary_and_exercises(root, path, number, notebook):
             for section in ("Summary", "Exercises") if section not in sections]
 
 
-def directive_blocks(notebook, directive):
-    """(cell index, argument line, body) of every ```{directive} block in the markdown cells."""
-    found = []
-    pattern = re.compile(rf"^(?P<fence>`{{3,}}|:{{3,}})\{{{directive}\}}[ \t]*(?P<arg>.*)$\n"
-                         rf"(?P<body>(?:.*\n)*?)(?P=fence)\s*$", re.M)
-    for index, cell in enumerate(notebook["cells"]):
-        if cell["cell_type"] == "markdown":
-            found += [(index, m.group("arg").strip(), m.group("body"))
-                      for m in pattern.finditer(cell_source(cell) + "\n")]
-    return found
+def directives(source, name):
+    """(argument, body, first line, end line) of every {name} block of a markdown text, as the
+    parser MyST uses sees it (options such as :label: are the body's first lines)."""
+    return [(token.info.split(None, 1)[1].strip() if " " in token.info.strip() else "",
+             token.content, *token.map)
+            for token in PARSER.parse(source) if token.type in ("fence", "colon_fence")
+            and re.match(rf"\{{{name}\}}", token.info)]
 
 
 def fence_problems(markdown):
@@ -200,66 +187,56 @@ def exercise_shape_problems(notebook, number=None):
     Solutions are never code cells: a student copy drops the {solution} blocks, and nothing
     after them can depend on them.
     """
-    cells, problems = notebook["cells"], []
-    for index, cell in enumerate(cells):
-        if "solution" in tags(cell):
-            problems.append(f"cell {index} is tagged 'solution': write solutions as "
-                            "{solution} blocks in markdown")
-    starts = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
-              and directive_blocks({"cells": [c]}, "exercise")]
-    if not starts:
-        return problems + ["no {exercise}"]
-    index = starts[0]
+    cells = notebook["cells"]
+
+    def blocks(index, name):
+        """The cell's {name} blocks and its number of lines (none: not a markdown cell)."""
+        if index >= len(cells) or cells[index]["cell_type"] != "markdown":
+            return [], 0
+        source = cell_source(cells[index]).strip("\n")
+        return directives(source, name), source.count("\n") + 1
+
+    problems = [f"cell {index} is tagged 'solution': write solutions as {{solution}} blocks in markdown"
+                for index, cell in enumerate(cells) if "solution" in tags(cell)]
+    starts = [index for index in range(len(cells)) if blocks(index, "exercise")[0]]
+    index = starts[0] if starts else len(cells)
+    problems += [] if starts else ["no {exercise}"]
     while index < len(cells):
-        cell = cells[index]
-        exercises = directive_blocks({"cells": [cell]}, "exercise")
-        if cell["cell_type"] != "markdown" or len(exercises) != 1:
+        exercises, lines = blocks(index, "exercise")
+        if len(exercises) != 1:
             problems.append(f"cell {index}: expected one {{exercise}} in a markdown cell")
             break
-        source = cell_source(cell).rstrip()
-        if not re.search(r"^(`{3,}|:{3,})\s*$", source.splitlines()[-1]) or (
-                index != starts[0] and not re.match(r"(`{3,}|:{3,})\{exercise\}", source)):
+        title, body, first, end = exercises[0]
+        if end != lines or (index != starts[0] and first != 0):
             problems.append(f"cell {index}: the {{exercise}} block must be the whole cell "
                             "(the first may follow the section's prose)")
-        label = re.search(r"^:label:\s*(\S+)", exercises[0][2], re.M)
-        label = label.group(1) if label else None
+        label = (re.findall(r"^:label:\s*(\S+)", body, re.M) or [None])[0]
         if label is None or (number and not label.startswith(f"ch{number:02d}-")):
             problems.append(f"cell {index}: the exercise needs a :label: ch{number or 0:02d}-<what>")
-        if "`" in exercises[0][1]:  # seen with sphinx-exercise 1.x: the build then fails
+        if "`" in title:  # seen with sphinx-exercise 1.x: the build then fails
             problems.append(f"{label}: no code in an exercise's title; sphinx-exercise "
                             "leaves its label undefined")
         index += 1
         kinds = []
         while index < len(cells) and cells[index]["cell_type"] == "code":
-            kinds.append((index, [t for t in tags(cells[index]) if t in ("answer", "self-check")]))
+            kinds.append([tag for tag in tags(cells[index]) if tag in ("answer", "self-check")])
             index += 1
-        if [k for _, k in kinds] not in ([], [["answer"], ["self-check"]]):
+        if kinds not in ([], [["answer"], ["self-check"]]):
             problems.append(f"{label}: between the exercise and its solution, either nothing "
-                            "or an `answer` cell then a `self-check` cell; found "
-                            f"{[k for _, k in kinds]} in cells {[i for i, _ in kinds]}")
-        for at, kind in kinds:
-            if kind == ["self-check"]:
-                code = cell_source(cells[at])
-                tree = ast.parse(code)
-                calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
-                         and getattr(n.func, "id", None) == "check"]
-                compares = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)
-                            and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in n.ops)]
-                if "from notebooks.selfcheck import check" not in code or not calls:
-                    problems.append(f"{label}: the self-check (cell {at}) must call "
-                                    "check() from notebooks.selfcheck")
-                if compares:
-                    problems.append(f"{label}: the self-check (cell {at}) compares with == "
-                                    "itself: the compared value is an answer in plain view")
-        solutions = (directive_blocks({"cells": [cells[index]]}, "solution")
-                     if index < len(cells) and cells[index]["cell_type"] == "markdown" else [])
-        if len(solutions) != 1 or solutions[0][1] != label:
+                            f"or an `answer` cell then a `self-check` cell; found {kinds}")
+        code = cell_source(cells[index - 1]) if kinds else ""
+        if kinds and not re.search(r"^from notebooks\.selfcheck import check$.*\bcheck\(", code, re.M | re.S):
+            problems.append(f"{label}: the self-check must call check() from notebooks.selfcheck")
+        if re.search(r"[=!]=", code):
+            problems.append(f"{label}: the self-check compares with == itself: the compared "
+                            "value is an answer in plain view")
+        solutions, lines = blocks(index, "solution")
+        if len(solutions) != 1 or solutions[0][0] != label:
             problems.append(f"{label}: cell {index} should be its {{solution}}, alone")
             break
-        if not re.search(r"^:class:\s*dropdown\s*$", solutions[0][2], re.M):
+        if not re.search(r"^:class:\s*dropdown\s*$", solutions[0][1], re.M):
             problems.append(f"{label}: the solution (cell {index}) must be collapsed (:class: dropdown)")
-        if cell_source(cells[index]).strip().splitlines()[-1].strip("`:") != "" or not \
-                re.match(r"(`{3,}|:{3,})\{solution\}", cell_source(cells[index]).strip()):
+        if solutions[0][2:] != (0, lines):
             problems.append(f"{label}: the {{solution}} block must be the whole cell {index}")
         index += 1
     return problems
@@ -349,21 +326,11 @@ def the_landing_page_gives_each_chapter_its_own_time_and_the_sums(root):
 # --- the repository's address -------------------------------------------------------------------
 
 @check
-def the_setup_cell_names_the_configured_repository(root):
-    match = re.search(r'^REPOSITORY = "([^"]+)"$', (root / "book/tools/setup_cell.py").read_text(), re.M)
-    if not match:
-        return ['book/tools/setup_cell.py: must define REPOSITORY = "..."']
-    if match.group(1) != repository_url(root):
-        return [f"book/tools/setup_cell.py: REPOSITORY is {match.group(1)}, _config.yml's "
-                f"repository.url {repository_url(root)}"]
-    return []
-
-
-@check
-def the_docs_name_the_configured_repository(root):
-    """Clone commands in the README and the front matter name the repository of _config.yml."""
+def the_repository_named_is_the_configured_one(root):
+    """The GitHub addresses in the README, the front matter and the set-up cell (which clones
+    it) are the repository of _config.yml."""
     url = repository_url(root).rstrip("/")
-    docs = [root / "README.md", *sorted((root / "book").glob("*.md"))]
+    docs = [root / "README.md", root / "book/tools/setup_cell.py", *sorted((root / "book").glob("*.md"))]
     return [f"{name(root, doc)}, line {text.count(chr(10), 0, found.start()) + 1}: names "
             f"{found.group()}, but the repository is {url} (_config.yml)"
             for doc in docs for text in [doc.read_text()]
@@ -371,14 +338,9 @@ def the_docs_name_the_configured_repository(root):
             if found.group().rstrip(".") != url]
 
 
-def summary():
-    """What passing these checks says, in a few words."""
-    return f"the {len(CHECKS)} editorial checks of the sources"
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args(argv)
     found = problems(ROOT)
-    print("\n".join(found) if found else f"No problems: {summary()}.")
+    print("\n".join(found) if found else f"No problems: the {len(CHECKS)} editorial checks of the sources.")
     return 1 if found else 0

@@ -111,9 +111,6 @@ PLANTED = {   # a flaw: (the check that must find it, how to plant it in the cop
         lambda root: shutil.copy(first_chapter(root), root / "notebooks" / "99_extra.ipynb")),
     "two chapters swapped in the toc": (
         sources.toc_numbers_the_chapters_in_file_order, swap_first_two_chapters),
-    "another kernel": (
-        sources.the_python3_kernel,
-        lambda root: edit_notebook(root, lambda nb: nb["metadata"]["kernelspec"].update(name="python2"))),
     "a title with another number": (
         sources.the_title_carries_the_chapter_number, lambda root: edit_notebook(
             root, lambda nb: nb["cells"][0].update(
@@ -147,12 +144,12 @@ PLANTED = {   # a flaw: (the check that must find it, how to plant it in the cop
         sources.figures_are_named_captioned_and_described,
         lambda root: edit_notebook(root, a_figure_without_alt_text)),
     "the set-up cell fetching another repository": (
-        sources.the_setup_cell_names_the_configured_repository, lambda root: edit_text(
+        sources.the_repository_named_is_the_configured_one, lambda root: edit_text(
             root / "book/tools/setup_cell.py",
             lambda text: re.sub(r'^REPOSITORY = ".*"$', 'REPOSITORY = "https://github.com/a/b"', text,
                                 flags=re.M))),
     "the README naming another repository": (
-        sources.the_docs_name_the_configured_repository, lambda root: edit_text(
+        sources.the_repository_named_is_the_configured_one, lambda root: edit_text(
             root / "README.md", lambda text: text + "\ngit clone https://github.com/someone/else\n")),
 }
 
