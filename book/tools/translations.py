@@ -275,30 +275,27 @@ def term_hits(text):
 
 
 def chinese_strings(path):
-    """[(where in the file, text)]: each string with Chinese in it (YAML and JSON values; Python
-    string literals; lines of JavaScript)."""
+    """Each string with Chinese in it: YAML and JSON values, Python string literals (not
+    comments), lines of JavaScript."""
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".py":
-        return [(f"line {node.lineno}", node.value) for node in ast.walk(ast.parse(text))
-                if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                and CHINESE.search(node.value)]
-    if path.suffix == ".js":
-        return [(f"line {n}", line) for n, line in enumerate(text.splitlines(), 1)
-                if CHINESE.search(line)]
+        found = [node.value for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Constant)]
+    else:
+        found = text.splitlines() if path.suffix == ".js" else values(yaml.safe_load(text))
+    return [string for string in found if isinstance(string, str) and CHINESE.search(string)]
 
-    def values(item, where):
-        if isinstance(item, dict):
-            return [found for key, value in item.items() for found in values(value, f"{where}{key}.")]
-        if isinstance(item, list):
-            return [found for n, value in enumerate(item) for found in values(value, f"{where}{n}.")]
-        return [(where.rstrip("."), item)] if isinstance(item, str) and CHINESE.search(item) else []
-    return values(yaml.safe_load(text), "")
+
+def values(item):
+    """The strings of a YAML or JSON document (its keys left out)."""
+    if isinstance(item, dict):
+        item = list(item.values())
+    return [found for value in item for found in values(value)] if isinstance(item, list) else [item]
 
 
 def reader_text_problems():
     """The terms of the Chinese a reader sees outside the pages (READER_TEXTS)."""
-    return [f"{name}, {where}: “{variant}”: write {use}"
-            for name in READER_TEXTS for where, text in chinese_strings(ROOT / name)
+    return [f"{name}, “{first_words(text)}”: “{variant}”: write {use}"
+            for name in READER_TEXTS for text in chinese_strings(ROOT / name)
             for _, variant, use in term_hits(text)]
 
 

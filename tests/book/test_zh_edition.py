@@ -255,11 +255,11 @@ def test_the_chinese_a_reader_sees_outside_the_pages_is_read_for_the_terms(tmp_p
     words.write_text("traceback_whole: 完整的回溯信息\nhang: 程序卡死了\n", encoding="utf-8")
     code = tmp_path / "cell.py"
     code.write_text('print("请把 zip 拷贝到这里")  # 拷贝 in a comment is not shown\n')
-    found = {path.name: [(where, hit[1]) for where, text in translations.chinese_strings(path)
+    found = {path.name: [(text, hit[1]) for text in translations.chinese_strings(path)
                          for hit in translations.term_hits(text)]
              for path in (hints, words, code)}
-    assert found == {"hints.json": [("ch10.zh", "微批量")], "words.yml": [("hang", "卡死")],
-                     "cell.py": [("line 1", "拷贝")]}
+    assert found == {"hints.json": [("每个微批量", "微批量")], "words.yml": [("程序卡死了", "卡死")],
+                     "cell.py": [("请把 zip 拷贝到这里", "拷贝")]}
 
 
 def test_check_names_a_planted_variant_with_its_page_cell_and_line(copies):
