@@ -358,6 +358,39 @@ def test_ctrl_c_or_sigterm_is_one_line(tmp_path, sent, name, status):
 
 
 @pytest.mark.timeout(300)
+def test_sigterm_to_torchrun_reaches_every_worker_and_keeps_the_files(tmp_path):
+    """SIGTERM to torchrun itself, as `kill` from a terminal sends it: each worker says its
+    one line, then torchrun ends with a traceback of its own (chapter 8 says it is
+    torchrun's); the checkpoint and the log are whole, and nothing is left running."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(ROOT / "ddp_scripts" / "train_ddp.py"), *RUN, "--train-samples", "2048",
+               "--epochs", "100", "--out", str(out)]
+    torchrun = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    try:
+        lines = []
+        for line in torchrun.stdout:
+            lines.append(line)
+            if "epoch 1/100" in line:
+                torchrun.send_signal(signal.SIGTERM)
+                break
+        lines += torchrun.stdout.readlines()
+        assert torchrun.wait(timeout=120) != 0
+    finally:
+        try:
+            os.killpg(torchrun.pid, signal.SIGKILL)  # only if a test step above failed
+        except ProcessLookupError:
+            pass
+    output = "".join(lines)
+    said = [line for line in lines if "interrupted (SIGTERM); the last checkpoint saved" in line]
+    assert sorted(line.split("]")[0] for line in said) == ["[rank 0", "[rank 1"], output
+    assert "SignalException" in output  # torchrun's own
+    epoch = checkpoints.load_checkpoint(out / CHECKPOINT)["epoch"]
+    assert epoch >= 1 and logged_epochs(out)[:epoch] == list(range(1, epoch + 1))
+    assert not (out / SUMMARY).exists()
+
+
 def test_an_out_that_cannot_be_made_is_one_line_per_rank_under_ddp(tmp_path):
     (tmp_path / "afile").write_text("")
     lines = []
