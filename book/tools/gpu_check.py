@@ -30,9 +30,6 @@ STEPS_FILE = "steps.json"
 # ResNet-18 below full size: three repeats with the tuned rows would take most of an hour.
 BENCHMARKS = {"full": ["--model", "cnn", "--tuned"], "resnet18": ["--model", "resnet18", "--configs", "gpu,dp,ddp",
               "--tuned", "--train-samples", "20480", "--test-samples", "2048", "--epochs", "3"]}
-FILES = """Files: `run.json` labels every page box; `cells.json` holds each `gpu-output` cell's code hash and
-outputs; `conditions.json` each notebook's load before and after; `steps.json` the steps as they ended;
-`gpu-check.log` every command's output; `*-full.json`, `*-resnet18.json`, `micro.*` the benchmark and gpu_micro."""
 BUNDLE = ["nbmake", "ipykernel", "ipywidgets", "nbclient", "nbformat"]
 # Left out of the bundle: the stack's dependencies the GPU image has (a second copy would shadow them).
 ON_GPU_IMAGE = set("""pytest pluggy iniconfig packaging pygments psutil attrs python-dateutil six typing-extensions
@@ -103,23 +100,6 @@ def record_notebook(name, entry, folder, machine):
                                            "date": folder.name[:10], "commit": ", ".join(commits)})
 
 
-def summary(machine, steps, record):
-    """The folder's README.md: each step as it ended, and whether the machine was busy when it began."""
-    lines = [f"# gpu-check on {machine['label']}", "", "Written by `book/tools/gpu_check.py`, nothing by hand: "
-             "each step ran alone, one notebook at a time, and was written down as it ended.", "",
-             "| step | began (UTC) | commit | result | seconds | load average (1 min) before → after | machine |",
-             "| --- | --- | --- | --- | ---: | --- | --- |"]
-    for step in steps:
-        if "seconds" not in step:
-            lines.append(f"| {step['key']} | | | {step['result']} | | | |")
-            continue
-        before, after = step["load_average_before"][0], step["load_average_after"][0]
-        busy = "busy" if before >= machine["cores"] / 2 else "idle"   # chapter 7's rule
-        lines.append(f"| {step['key']} | {step['date']} | {step['commit']} | {step['result']} | {step['seconds']} "
-                     f"| {before} → {after} on {machine['cores']} cores | {busy} |")
-    return "\n".join([*lines, "", FILES if record else "Nothing recorded (no CUDA).", ""])
-
-
 def bundle(python="python3"):
     """.gpu-wheels/ for a GPU machine without a package index, and the line that runs the check there."""
     wheels = ROOT / ".gpu-wheels"
@@ -175,10 +155,9 @@ def main(argv=None):
         failed |= entry["result"] in ("failed", "timeout")
         done.append(entry)
         rec.write_json(folder / STEPS_FILE, done)
-        (folder / "README.md").write_text(summary(machine, done, record), encoding="utf-8")
         if args.pack:   # after every step: a machine taken back mid-run still hands over what ended
             Path(args.pack).parent.mkdir(parents=True, exist_ok=True)
             with tarfile.open(args.pack, "w:gz") as archive:
                 archive.add(folder, arcname=f"results/gpu-runs/{folder.name}")
-    print(summary(machine, done, record))
+    print(f"{len(done)} step(s) in {folder / STEPS_FILE}" + ("" if record else "; nothing recorded (no CUDA)"))
     return 1 if failed else 0
