@@ -30,9 +30,6 @@ def main(argv=None):
     try:
         if argv[0] not in {**MODULES, **BOTH}:
             raise ToolError(f"no command {argv[0]!r}; one of: {', '.join([*BOTH, *MODULES])}")
-        if argv[0] == "check" and argv[1:]:
-            raise ToolError("check takes no arguments; its parts do: setup-cell --check, "
-                            "translations check, sources (COMMAND --help says more)")
         statuses = []
         for command, *given in BOTH.get(argv[0], [[argv[0]]]):
             sys.argv[0] = f"python -m book.tools {command}"   # what argparse's usage lines name

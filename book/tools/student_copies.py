@@ -37,8 +37,7 @@ def write_copies(notebooks, out, replace_all=False):
     the companion scripts; replace_all: no copy of another notebook is left there."""
     out = Path(out)
     if replace_all:   # a chapter renamed or removed leaves no stale copy behind
-        for old in [*out.glob("notebooks/*.ipynb"), *out.glob("notebooks/zh/*.ipynb")]:
-            old.unlink()
+        shutil.rmtree(out / "notebooks", ignore_errors=True)
     written = []
     for path in map(Path, notebooks):
         try:
@@ -52,8 +51,8 @@ def write_copies(notebooks, out, replace_all=False):
     shutil.rmtree(out / "ddp_scripts", ignore_errors=True)
     shutil.copytree(ROOT / "ddp_scripts", out / "ddp_scripts",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    helpers = [*(ROOT / "notebooks").glob("*.py"), *(ROOT / "notebooks").glob("*.json")]
-    for helper in helpers:   # the self-checks and their Chinese hints, the chapters' helpers
+    # the self-checks and their Chinese hints, the chapters' helpers
+    for helper in [*(ROOT / "notebooks").glob("*.py"), *(ROOT / "notebooks").glob("*.json")]:
         shutil.copy2(helper, out / "notebooks" / helper.name)
     return written
 

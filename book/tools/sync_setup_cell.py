@@ -30,14 +30,11 @@ def main(argv=None):
         except (OSError, ValueError, StopIteration):
             raise ToolError(f"{path} is not a notebook with a code cell") from None
         tags = cell.setdefault("metadata", {}).get("tags", [])
-        if cell["source"].rstrip("\n") == wanted and SETUP_TAG in tags:
-            continue
-        differing.append(path)
-        if not args.check:
-            if cell["source"].rstrip("\n") != wanted:
-                cell["source"] = wanted
-            cell["metadata"]["tags"] = tags if SETUP_TAG in tags else [*tags, SETUP_TAG]
-            write_notebook(path, notebook)
+        if cell["source"].rstrip("\n") != wanted or SETUP_TAG not in tags:
+            differing.append(path)
+            cell["source"], cell["metadata"]["tags"] = wanted, tags if SETUP_TAG in tags else [*tags, SETUP_TAG]
+            if not args.check:
+                write_notebook(path, notebook)
     for path in differing:
         print(f"{'differs' if args.check else 'updated'}: {path}")
     return 1 if args.check and differing else 0
