@@ -247,22 +247,6 @@ def exercises_have_the_one_shape(root, path, number, notebook):
     return [f"{name(root, path)}: {problem}" for problem in exercise_shape_problems(notebook, number)]
 
 
-@each_chapter
-def the_instructor_guide_lists_the_chapter_with_its_own_time(root, path, number, notebook):
-    stated = re.search(r"\*\*Estimated time\.\*\*\D*(\d+) min", cell_source(notebook["cells"][0]))
-    if not stated:
-        return [f"{name(root, path)}, cell 0: should give '**Estimated time.** N minutes'"]
-    guide = (root / "book" / "instructor-guide.md").read_text()
-    row = re.search(rf"^\| {{doc}}`../notebooks/{path.stem}` \|.*?\| (\d+) min \|", guide, re.M)
-    if not row:
-        return [f"book/instructor-guide.md: no row for {path.stem}"]
-    if row.group(1) != stated.group(1):
-        line = guide.count("\n", 0, row.start()) + 1
-        return [f"book/instructor-guide.md, line {line}: {row.group(1)} min for {path.stem}, "
-                f"the chapter says {stated.group(1)}"]
-    return []
-
-
 # The figures: a numbered figure is a code cell with metadata mystnb.figure {name, caption} and
 # mystnb.image {alt}; each chapter shows at least this many.
 FIGURES_PER_CHAPTER = 2
@@ -298,28 +282,29 @@ def figures_are_named_captioned_and_described(root, path, number, notebook):
 
 
 @check
-def the_landing_page_gives_each_chapter_its_own_time_and_the_sums(root):
-    """book/intro.md (and its Chinese page): a row per chapter with the minutes its first cell
-    states, the total of them all and of the core path, as the page says them."""
-    stated = {}
+def every_page_gives_each_chapter_its_own_time(root):
+    """The instructor guide and the landing page (and its Chinese page): a row per chapter with
+    the minutes its first cell states; the landing page also the total of them all and of the
+    core path, as it says them."""
+    stated, problems = {}, []
     for path, number in chapters(root):
         found = re.search(r"\*\*Estimated time\.\*\*\D*(\d+) min", cell_source(load_notebook(path)["cells"][0]))
-        if found:
-            stated[path.stem] = int(found.group(1))
-    problems, row = [], re.compile(r"^\| \{doc\}`\.\./notebooks/(\w+)` \| (\d+) (?:min|分钟) \|(.*)$", re.M)
-    for page in (root / "book" / "intro.md", root / "book" / "zh" / "intro.md"):
-        text, where = page.read_text(encoding="utf-8"), name(root, page)
+        stated[path.stem] = int(found.group(1)) if found else None
+        problems += [] if found else [f"{name(root, path)}, cell 0: should give '**Estimated time.** N minutes'"]
+    # The minutes are the first "N min" after the chapter's name; the landing page's then says core.
+    row = re.compile(r"^\| \{doc\}`\.\./notebooks/(\w+)` \|.*?(\d+) (?:min|分钟) \|(.*)$", re.M)
+    for page in ("book/instructor-guide.md", "book/intro.md", "book/zh/intro.md"):
+        text = (root / page).read_text(encoding="utf-8")
         rows = {stem: (int(minutes), rest) for stem, minutes, rest in row.findall(text)}
-        for stem, minutes in stated.items():
-            if stem not in rows:
-                problems.append(f"{where}: no row for {stem}")
-            elif rows[stem][0] != minutes:
-                problems.append(f"{where}: {rows[stem][0]} min for {stem}, the chapter says {minutes}")
-        core = sum(stated.get(stem, 0) for stem, (_, rest) in rows.items()
+        problems += [f"{page}: no row for {stem}" if stem not in rows else
+                     f"{page}: {rows[stem][0]} min for {stem}, the chapter says {minutes}"
+                     for stem, minutes in stated.items() if rows.get(stem, (None,))[0] != minutes]
+        core = sum(stated.get(stem) or 0 for stem, (_, rest) in rows.items()
                    if re.match(r"\s*(core|核心)\s*\|", rest))
-        for what, minutes in (("every chapter's", sum(stated.values())), ("the core path's", core)):
-            if not re.search(rf"[（(]{minutes} (?:minutes|分钟)[)）]", text):
-                problems.append(f"{where}: should give {what} time, ({minutes} minutes)")
+        every = sum(minutes or 0 for minutes in stated.values())
+        for what, minutes in (("every chapter's", every), ("the core path's", core)):
+            if page.endswith("intro.md") and not re.search(rf"[（(]{minutes} (?:minutes|分钟)[)）]", text):
+                problems.append(f"{page}: should give {what} time, ({minutes} minutes)")
     return problems
 
 

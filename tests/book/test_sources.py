@@ -135,10 +135,10 @@ PLANTED = {   # a flaw: (the check that must find it, how to plant it in the cop
             root, lambda nb: nb["cells"][-1].update(cell_type="code", execution_count=None, outputs=[],
                                                     metadata={"tags": ["solution"]}))),
     "another time in the instructor guide": (
-        sources.the_instructor_guide_lists_the_chapter_with_its_own_time,
+        sources.every_page_gives_each_chapter_its_own_time,
         lengthen_the_first_chapter_in_the_guide),
     "another time on the landing page": (
-        sources.the_landing_page_gives_each_chapter_its_own_time_and_the_sums,
+        sources.every_page_gives_each_chapter_its_own_time,
         lengthen_the_first_chapter_on_the_landing_page),
     "a figure without alt text": (
         sources.figures_are_named_captioned_and_described,
