@@ -16,7 +16,6 @@ When English prose changes, `check` names its Chinese passage, out of date, unti
 The edition's terms are checked there and in READER_TEXTS, the other Chinese a reader sees.
 """
 import argparse
-import ast
 import difflib
 import hashlib
 import json
@@ -51,6 +50,8 @@ READER_TEXTS = ["book/zh/words.yml", "book/zh/_toc.yml", "book/zh/_config.yml",
                 "notebooks/selfcheck_zh.json", "notebooks/selfcheck.py", "book/tools/setup_cell.py",
                 "book/extensions/editions.py", "book/theme/figures.js"]
 CHINESE = re.compile(r"[\u4e00-\u9fff]")
+# What a reader does not see of a line of them: a YAML key, a comment.
+KEY_OR_COMMENT = re.compile(r"^\s*[\w.-]+:\s|\s#\s.*$")
 # A Chinese notebook says so in its metadata, for the self-checks' hints wherever it is opened
 # (notebooks/selfcheck.py, language()).
 EDITION = {"book_edition": ZH}
@@ -274,29 +275,11 @@ def term_hits(text):
     return hits
 
 
-def chinese_strings(path):
-    """Each string with Chinese in it: YAML and JSON values, Python string literals (not
-    comments), lines of JavaScript."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".py":
-        found = [node.value for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Constant)]
-    else:
-        found = text.splitlines() if path.suffix == ".js" else values(yaml.safe_load(text))
-    return [string for string in found if isinstance(string, str) and CHINESE.search(string)]
-
-
-def values(item):
-    """The strings of a YAML or JSON document (its keys left out)."""
-    if isinstance(item, dict):
-        item = list(item.values())
-    return [found for value in item for found in values(value)] if isinstance(item, list) else [item]
-
-
 def reader_text_problems():
-    """The terms of the Chinese a reader sees outside the pages (READER_TEXTS)."""
-    return [f"{name}, “{first_words(text)}”: “{variant}”: write {use}"
-            for name in READER_TEXTS for text in chinese_strings(ROOT / name)
-            for _, variant, use in term_hits(text)]
+    """The terms of the Chinese a reader sees outside the pages (READER_TEXTS), line by line."""
+    return [f"{name}, line {number}: “{variant}”: write {use}" for name in READER_TEXTS
+            for number, line in enumerate((ROOT / name).read_text(encoding="utf-8").splitlines(), 1)
+            if CHINESE.search(line) for _, variant, use in term_hits(KEY_OR_COMMENT.sub(" ", line))]
 
 
 def passage_problems(where, passage):

@@ -244,7 +244,7 @@ def test_a_variant_of_the_edition_s_terms_is_named(text, variant):
     assert [hit[1] for hit in translations.term_hits(text)] == [variant]
 
 
-def test_the_chinese_a_reader_sees_outside_the_pages_is_read_for_the_terms(tmp_path):
+def test_the_chinese_a_reader_sees_outside_the_pages_is_read_for_the_terms(tmp_path, monkeypatch):
     """The build's words, the self-checks' hints, the set-up cell's message: checked too."""
     assert {"book/zh/words.yml", "notebooks/selfcheck_zh.json",
             "notebooks/selfcheck.py"} <= set(translations.READER_TEXTS)
@@ -255,11 +255,10 @@ def test_the_chinese_a_reader_sees_outside_the_pages_is_read_for_the_terms(tmp_p
     words.write_text("traceback_whole: 完整的回溯信息\nhang: 程序卡死了\n", encoding="utf-8")
     code = tmp_path / "cell.py"
     code.write_text('print("请把 zip 拷贝到这里")  # 拷贝 in a comment is not shown\n')
-    found = {path.name: [(text, hit[1]) for text in translations.chinese_strings(path)
-                         for hit in translations.term_hits(text)]
-             for path in (hints, words, code)}
-    assert found == {"hints.json": [("每个微批量", "微批量")], "words.yml": [("程序卡死了", "卡死")],
-                     "cell.py": [("请把 zip 拷贝到这里", "拷贝")]}
+    monkeypatch.setattr(translations, "ROOT", tmp_path)
+    monkeypatch.setattr(translations, "READER_TEXTS", [path.name for path in (hints, words, code)])
+    assert [problem.split(": write")[0] for problem in translations.reader_text_problems()] == [
+        "hints.json, line 1: “微批量”", "words.yml, line 2: “卡死”", "cell.py, line 1: “拷贝”"]
 
 
 def test_check_names_a_planted_variant_with_its_page_cell_and_line(copies):
