@@ -119,11 +119,6 @@ def page_output(output):
     return {"output_type": "display_data", "metadata": {MARKER: "output"}, "data": data}
 
 
-def head(shown):
-    return {"output_type": "display_data", "metadata": {MARKER: "label"},
-            "data": {"text/html": shown, "text/plain": re.sub(r"<[^>]+>", " ", shown)}}
-
-
 def conditions_html(run, name, language="en"):
     """How this notebook was recorded ('' if unknown); loaded: several notebooks at once, or a load
     before it of half the cores or more (chapter 7's rule)."""
@@ -143,21 +138,9 @@ def conditions_html(run, name, language="en"):
     return f'<p class="gpu-recording-conditions gpu-recording-loaded">{text["gpu_loaded"].format(how=how)}</p>'
 
 
-def header(run, state, loaded, language="en"):
-    """The box's one line: the GPU, torch, the date, and whether it is current."""
-    text = words(language)
-    if state == "missing":
-        return text["gpu_header_missing"]
-    torch = re.search(r"torch ([^\s,;]+)", run["hardware"])
-    line = text[f"gpu_header_{state}"].format(gpu=run["hardware"].split(";")[0].strip(),
-                                              torch=torch.group(1) if torch else "?",
-                                              date=run["date"])
-    return line + (text["gpu_header_loaded"] if loaded else "")
-
-
 def box(run, entry, current_hash, multi_gpu, language="en", name=""):
-    """(outputs, stale): one recording's box for a cell, a line with the rest collapsed, then
-    what the cell printed there."""
+    """(outputs, stale): one recording's box for a cell, a line (the GPU, torch, the date, and
+    whether it is current) with the rest collapsed, then what the cell printed there."""
     text = words(language)
     title = html.escape(f"{run['hardware']}; {run['date']}; commit {run['commit']}")
     state = "missing" if entry is None else (
@@ -169,10 +152,15 @@ def box(run, entry, current_hash, multi_gpu, language="en", name=""):
         shown += f'<p class="gpu-recording-multi">{text["gpu_one_gpu"]}</p>'
     if entry is not None and not entry["outputs"]:
         shown += f"<p><em>{text['gpu_no_output']}</em></p>"
-    line = html.escape(header(run, state, "gpu-recording-loaded" in conditions, language))
+    torch = re.search(r"torch ([^\s,;]+)", run["hardware"])
+    line = text[f"gpu_header_{state}"].format(gpu=run["hardware"].split(";")[0].strip(), date=run["date"],
+                                              torch=torch.group(1) if torch else "?")
+    line += text["gpu_header_loaded"] if "gpu-recording-loaded" in conditions else ""
     kind = "gpu-recording-current" if state == "current" else "gpu-recording-stale"
-    label = head(f'<div class="gpu-recording {kind}"><details><summary class="gpu-recording-header">'
-                 f"{line}</summary>{shown}</details></div>")
+    page = (f'<div class="gpu-recording {kind}"><details><summary class="gpu-recording-header">'
+            f"{html.escape(line)}</summary>{shown}</details></div>")
+    label = {"output_type": "display_data", "metadata": {MARKER: "label"},
+             "data": {"text/html": page, "text/plain": re.sub(r"<[^>]+>", " ", page)}}
     return [label, *map(page_output, entry["outputs"] if entry else [])], state != "current"
 
 
