@@ -146,33 +146,9 @@ def directives(source, name):
             and re.match(rf"\{{{name}\}}", token.info)]
 
 
-def fence_problems(markdown):
-    """Directive fences closed early by a fence inside them, as messages (empty: none).
-
-    ```{solution} ... ```python ... ``` ... ``` ends at the inner closing fence: the rest of
-    the answer falls outside the solution, visible. The fence around must be longer
-    (````{solution}) or use colons (:::{solution}, with myst's colon_fence).
-    """
-    found = []
-    for token in PARSER.parse(markdown):
-        match = re.match(r"\s*\{([\w-]+)\}", token.info or "")
-        if token.type not in ("fence", "colon_fence") or token.map is None or not match:
-            continue
-        directive, char, length = match.group(1), token.markup[0], len(token.markup)
-        for offset, line in enumerate(token.content.splitlines(), start=1):
-            inner = re.match(r" {0,3}(`{3,}|~{3,}|:{3,})", line)
-            if inner and inner.group(1)[0] == char and len(inner.group(1)) >= length:
-                found.append(f"the {{{directive}}} block at line {token.map[0] + 1} is closed "
-                             f"early by the fence at line {token.map[0] + 1 + offset}: "
-                             f"open it with a longer fence ({char * (length + 1)}{{{directive}}})")
-                break
-    return found
-
-
-@each_chapter
-def directive_fences_nested_correctly(root, path, number, notebook):
-    return [f"{name(root, path)}, cell {i}: {problem}" for i, cell in enumerate(notebook["cells"])
-            if cell["cell_type"] == "markdown" for problem in fence_problems(cell_source(cell))]
+# ```{solution} ... ```python ... ``` ... ``` ends at the inner closing fence: the rest of the
+# answer falls outside the solution, visible, and the block no longer ends its cell.
+EARLY = "; a fence inside it closes it early unless it is opened with a longer one (````{solution})"
 
 
 def exercise_shape_problems(notebook, number=None):
@@ -209,7 +185,7 @@ def exercise_shape_problems(notebook, number=None):
         title, body, first, end = exercises[0]
         if end != lines or (index != starts[0] and first != 0):
             problems.append(f"cell {index}: the {{exercise}} block must be the whole cell "
-                            "(the first may follow the section's prose)")
+                            f"(the first may follow the section's prose){EARLY}")
         label = (re.findall(r"^:label:\s*(\S+)", body, re.M) or [None])[0]
         if label is None or (number and not label.startswith(f"ch{number:02d}-")):
             problems.append(f"cell {index}: the exercise needs a :label: ch{number or 0:02d}-<what>")
@@ -237,7 +213,7 @@ def exercise_shape_problems(notebook, number=None):
         if not re.search(r"^:class:\s*dropdown\s*$", solutions[0][1], re.M):
             problems.append(f"{label}: the solution (cell {index}) must be collapsed (:class: dropdown)")
         if solutions[0][2:] != (0, lines):
-            problems.append(f"{label}: the {{solution}} block must be the whole cell {index}")
+            problems.append(f"{label}: the {{solution}} block must be the whole cell {index}{EARLY}")
         index += 1
     return problems
 

@@ -18,7 +18,7 @@ import pytest
 from book_files import ROOT, SETUP_CELL, cell_source, chapters, config, load_notebook
 
 from book.tools import sources
-from book.tools.sources import exercise_shape_problems, fence_problems
+from book.tools.sources import exercise_shape_problems
 
 CHAPTERS = chapters()
 
@@ -128,7 +128,7 @@ PLANTED = {   # a flaw: (the check that must find it, how to plant it in the cop
         sources.exercises_have_the_one_shape, lambda root: edit_text(
             first_chapter(root), lambda text: re.sub(r"(:label: ch)\d\d-", r"\g<1>99-", text))),
     "a solution closed early by its own code fence": (
-        sources.directive_fences_nested_correctly, lambda root: edit_notebook(root, append_markdown(
+        sources.exercises_have_the_one_shape, lambda root: edit_notebook(root, append_markdown(
             "```{solution} ch01-planted\n:class: dropdown\n```python\nleak()\n```\n```"))),
     "a solution as a code cell": (
         sources.exercises_have_the_one_shape, lambda root: edit_notebook(
@@ -218,10 +218,11 @@ def test_the_shape_check_accepts_the_shape_and_finds_each_departure():
 
 
 def test_a_solution_closed_early_by_its_own_code_fence_is_found():
-    early = "```{solution} ch09-a\n:class: dropdown\n```python\nleak()\n```\n```\n"
-    assert "closed early" in fence_problems(early)[0]
-    assert fence_problems(early.replace("```{solution}", "````{solution}", 1)
-                          .rstrip("\n").rsplit("\n", 1)[0] + "\n````\n") == []
+    early = "```{solution} ch09-q\n:class: dropdown\n```python\nleak()\n```\n```"
+    found = exercise_shape_problems(shaped(EXERCISE, ("markdown", early, ())))
+    assert "closes it early" in found[0]
+    longer = early.replace("```{solution}", "````{solution}", 1).rsplit("\n", 1)[0] + "\n````"
+    assert exercise_shape_problems(shaped(EXERCISE, ("markdown", longer, ()))) == []
 
 
 # ---------------------------------------------------------------------------------------
