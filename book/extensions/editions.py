@@ -4,7 +4,6 @@ Both builds load it; the Chinese one sets `book_edition: zh`. The editions' page
 names (book/tools/build.py): each page links to its other edition, and the Chinese launch
 buttons open notebooks/zh/x.ipynb.
 """
-import gettext
 import re
 from pathlib import Path
 
@@ -100,26 +99,11 @@ THEME_WORDS_ZH = {
 
 def theme_words_in_chinese(app):
     """The Chinese edition's theme words, put into the catalogues the themes and the templates'
-    _() ask (in place: the templates hold the "sphinx" catalogue already)."""
-    if app.config.book_edition != "zh":
-        return
-    for catalog in ("sphinx", "booktheme"):
-        translator, _ = locale.init([], app.config.language, catalog)
-        if isinstance(getattr(translator, "_catalog", None), dict):   # a .mo file's messages
-            translator._catalog.update(THEME_WORDS_ZH)
-        else:
-            translator.add_fallback(Words(THEME_WORDS_ZH))
-
-
-class Words(gettext.NullTranslations):
-    """A message catalogue from a dict."""
-
-    def __init__(self, words):
-        super().__init__()
-        self.words = words
-
-    def gettext(self, message):
-        return self.words.get(message, message)
+    _() ask, in place: the templates hold the "sphinx" catalogue already, and both are .mo files
+    of the pinned packages (a catalogue without one fails here, not silently)."""
+    if app.config.book_edition == "zh":
+        for catalog in ("sphinx", "booktheme"):
+            locale.init([], app.config.language, catalog)[0]._catalog.update(THEME_WORDS_ZH)
 
 
 def setup(app):

@@ -21,6 +21,7 @@ import yaml
 
 from book.tools import ToolError, gpu_recordings, offline_assets, words
 from book.tools.notebooks import read_notebook, write_notebook
+from book.tools.translations import relative
 from ddp_scripts.measure.hardware import describe_hardware, usable_cores
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -234,19 +235,11 @@ def twins(english, translated, name):
     return pairs
 
 
-def shown(path):
-    """A path as an error names it: from the repository's root when it is in there."""
-    path = Path(path)
-    return path.relative_to(ROOT) if ROOT in path.parents else path
-
-
 def same_code(english, translation):
     """A ToolError unless every committed notebook of the translation has its English
     notebook's code cells (english and translation: Editions)."""
-    for path in sorted(translation.notebooks.glob("*.ipynb")):
-        if not (english.notebooks / path.name).exists():
-            raise ToolError(f"{shown(path)}: no English notebook {path.name}")
-        twins(read_notebook(english.notebooks / path.name), read_notebook(path), shown(path))
+    for path in sorted(translation.notebooks.glob("*.ipynb")):   # translations check names an orphan
+        twins(read_notebook(english.notebooks / path.name), read_notebook(path), relative(path))
 
 
 def copy_outputs(english, translation):
@@ -256,7 +249,7 @@ def copy_outputs(english, translation):
     gpu_recordings.prepare to add in the page's language."""
     for path, notebook in notebooks_in(translation.src / "notebooks"):
         executed = read_notebook(english.src / "notebooks" / path.name)
-        for twin, cell in twins(executed, notebook, shown(translation.notebooks / path.name)):
+        for twin, cell in twins(executed, notebook, relative(translation.notebooks / path.name)):
             cell["outputs"] = [copy.deepcopy(output) for output in twin.get("outputs", [])
                                if gpu_recordings.MARKER not in output.get("metadata", {})]
             cell["execution_count"] = twin.get("execution_count")
@@ -309,12 +302,8 @@ def put_site_in_place(edition):
     downloadable notebooks get their numbered titles back."""
     edition.html.mkdir(parents=True, exist_ok=True)
     for old in edition.html.iterdir():
-        if edition.name != ZH and old.name == ZH:
-            continue   # the Chinese site, inside the English one
-        if old.is_dir():
-            shutil.rmtree(old)
-        else:
-            old.unlink()
+        if edition.name == ZH or old.name != ZH:   # the Chinese site, inside the English one, stays
+            (shutil.rmtree if old.is_dir() else Path.unlink)(old)
     shutil.copytree(edition.src / "_build" / "html", edition.html, dirs_exist_ok=True)
     for path, notebook in notebooks_in(edition.html / "_sources" / "notebooks"):
         committed = edition.notebooks / path.name
