@@ -1,6 +1,6 @@
 """Build the book: stage each edition's copy, execute the English notebooks with nbmake, render.
 
-    python -m book.tools build [--render-only] [--edition en|zh]
+    python -m book.tools build [--render-only]
 
 The Chinese notebooks are not executed: their code cells are the English ones, character for
 character, with the same ids, so each takes the outputs of the English cell it translates.
@@ -316,31 +316,21 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--render-only", action="store_true",
                         help="render the notebooks executed last time with the current pages and config")
-    parser.add_argument("--edition", choices=sorted(EDITIONS), action="append",
-                        help="build this edition only (repeatable; default: both; the Chinese "
-                             "one shows the English one's execution)")
     args = parser.parse_args(argv)
-    editions = [EDITIONS[name] for name in args.edition or EDITIONS]
+    editions, translation = list(EDITIONS.values()), EDITIONS[ZH]
     jupyterhub_url()   # a bad address stops the build before anything is done
-    translated = [edition for edition in editions if edition is not EXECUTED]
-    for edition in translated:   # before the execution: a mismatch would waste it
-        same_code(EXECUTED, edition)
+    same_code(EXECUTED, translation)   # before the execution: a mismatch would waste it
     if args.render_only and not (EXECUTED.timings.exists() and (EXECUTED.src / "notebooks").exists()):
         raise ToolError("nothing executed yet: build it first")
     BUILD.mkdir(exist_ok=True)
     archive = source_archive(BUILD / SOURCE_ARCHIVE)
-    for edition in editions:   # a translation's notebooks are made again from the execution
-        stage(edition, notebooks=not args.render_only or edition in translated)
+    for edition in editions:   # the translation's notebooks are made again from the execution
+        stage(edition, notebooks=not args.render_only or edition is translation)
         shutil.copy2(archive, edition.src / "book" / SOURCE_ARCHIVE)   # how-to-run links it
-    if not args.render_only:
-        if EXECUTED not in editions:
-            stage(EXECUTED, site=False)
-        if not execute(EXECUTED):
-            print("error: a notebook failed to execute (see above); the book was not built",
-                  file=sys.stderr)
-            return 1
-    for edition in translated:
-        copy_outputs(EXECUTED, edition)
+    if not args.render_only and not execute(EXECUTED):
+        print("error: a notebook failed to execute (see above); the book was not built", file=sys.stderr)
+        return 1
+    copy_outputs(EXECUTED, translation)
     for edition in editions:
         write_execution_times(edition)
         # The outputs name the executed copy's paths, which the page leaves out.
