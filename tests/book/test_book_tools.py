@@ -179,14 +179,6 @@ def test_the_chinese_copy_has_the_chinese_pages_under_the_english_names(tmp_path
     assert (edition.src / "conftest.py").exists()   # nbmake collects the notebooks under _build
 
 
-def test_a_bad_jupyterhub_url_stops_the_build_in_one_line():
-    result = subprocess.run([sys.executable, "-m", "book.tools", "build"], cwd=ROOT, timeout=120,
-                            capture_output=True, text=True,
-                            env={**build.os.environ, "JUPYTERHUB_URL": "hub.example.org"})
-    assert result.returncode == 2 and result.stderr.startswith("error: JUPYTERHUB_URL")
-    assert result.stderr.count("\n") == 1
-
-
 def test_the_chapters_that_run_alone_are_chapters_and_the_others_run_beside_one():
     names = {path.stem for path, _ in CHAPTERS}
     assert build.ALONE < names   # a renamed chapter would silently run beside another
