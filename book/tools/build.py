@@ -122,11 +122,9 @@ def configure(edition, site):
 def search_words(edition):
     """A jieba dictionary of the Chinese glossary's terms ('显存不足（OOM）' -> 显存不足), so that
     a search for 进程组 finds the pages that use it: its path."""
-    words = set()
-    for line in (edition.pages / "glossary.md").read_text(encoding="utf-8").splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if line.startswith("|") and len(cells) == 2 and cells[1] != "English":
-            words.update(re.findall(r"[\u4e00-\u9fff]{2,}", cells[0]))
+    glossary = (edition.pages / "glossary.md").read_text(encoding="utf-8")
+    terms = re.findall(r"^\|([^|\n]+)\|[^|\n]+\|\s*$", glossary, re.M)   # a two-column row's first cell
+    words = {word for term in terms for word in re.findall(r"[\u4e00-\u9fff]{2,}", term)}
     path = edition.src / "search-words.txt"
     path.write_text("".join(f"{word} 1000\n" for word in sorted(words)), encoding="utf-8")
     return path

@@ -78,13 +78,10 @@ def record(executed, committed):
 
 def load_recordings(root=RECORDINGS):
     """[(folder, run, cells)], oldest first; run["conditions"] is the folder's conditions.json."""
-    found = []
-    for folder in sorted(Path(root).glob("*")):
-        if (folder / RUN_FILE).exists() and (folder / CELLS_FILE).exists():
-            run = read_json(folder / RUN_FILE)
-            run.setdefault("conditions", read_json(folder / CONDITIONS_FILE))
-            found.append((folder, run, read_json(folder / CELLS_FILE)))
-    return found
+    folders = [folder for folder in sorted(Path(root).glob("*"))
+               if (folder / RUN_FILE).exists() and (folder / CELLS_FILE).exists()]
+    return [(folder, {"conditions": read_json(folder / CONDITIONS_FILE), **read_json(folder / RUN_FILE)},
+             read_json(folder / CELLS_FILE)) for folder in folders]
 
 
 def newest_with(recordings, name, cell_id):
