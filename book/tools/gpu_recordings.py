@@ -5,6 +5,7 @@ outputs; run.json, the label; conditions.json, how each notebook ran. prepare() 
 """
 import hashlib
 import html
+import itertools
 import json
 import os
 import re
@@ -59,12 +60,9 @@ def gpu_cells(notebook):
 def merge_streams(outputs):
     """Consecutive streams of one name as one: a run's lines, one block on the page."""
     merged = []
-    for output in outputs:
-        if (merged and output.get("output_type") == "stream" == merged[-1].get("output_type")
-                and merged[-1].get("name") == output.get("name")):
-            merged[-1] = dict(merged[-1], text=joined(merged[-1]["text"]) + joined(output["text"]))
-        else:
-            merged.append(output)
+    for (stream, _), run in itertools.groupby(outputs, lambda o: (o.get("output_type") == "stream", o.get("name"))):
+        run = list(run)
+        merged += [dict(run[0], text="".join(joined(output["text"]) for output in run))] if stream else run
     return merged
 
 
@@ -202,11 +200,9 @@ def annotate(notebook, name, recordings, language="en"):
 
 def scrubber(build_copy=None):
     """A function str -> str that takes the build machine's paths and host name out of a text."""
-    names = {}
-    for path, name in [(build_copy, "."), (ROOT, "."), (sys.prefix, "VENV"), (sys.base_prefix, "PYTHON"),
-                       (os.environ.get("VIRTUAL_ENV"), "VENV"), (Path.home(), "~")]:
-        if path:
-            names.update({str(Path(path)): name, str(Path(path).resolve()): name})
+    places = [(build_copy, "."), (ROOT, "."), (sys.prefix, "VENV"), (sys.base_prefix, "PYTHON"),
+              (os.environ.get("VIRTUAL_ENV"), "VENV"), (Path.home(), "~")]
+    names = {str(form): name for path, name in places if path for form in (Path(path), Path(path).resolve())}
     longest_first = sorted((form for form in names if len(form) > 1), key=len, reverse=True)
     paths = re.compile("|".join(rf"{re.escape(form)}(?=[/\\\s'\":,)\]]|$)" for form in longest_first))
     host = socket.gethostname().split(".")[0]
