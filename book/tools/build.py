@@ -242,10 +242,9 @@ def copy_outputs(english, translation):
             cell["outputs"] = [copy.deepcopy(output) for output in twin.get("outputs", [])
                                if gpu_recordings.MARKER not in output.get("metadata", {})]
             cell["execution_count"] = twin.get("execution_count")
-        for key in OUTPUT_METADATA:
-            notebook["metadata"].pop(key, None)
-            if key in executed["metadata"]:
-                notebook["metadata"][key] = copy.deepcopy(executed["metadata"][key])
+        metadata = {key: value for key, value in notebook["metadata"].items() if key not in OUTPUT_METADATA}
+        notebook["metadata"] = {**metadata, **copy.deepcopy(
+            {key: value for key, value in executed["metadata"].items() if key in OUTPUT_METADATA})}
 
 
 def write_execution_times(edition):

@@ -172,29 +172,27 @@ def annotate(notebook, name, recordings, language="en"):
     stale_lines = []
     notebook["cells"] = [cell for cell in notebook["cells"] if not added_cell(cell)]
     for cell in gpu_cells(notebook):
-        outputs = [o for o in cell.get("outputs", []) if MARKER not in o.get("metadata", {})]
-        figure = "figure" in cell.get("metadata", {}).get("mystnb", {})
-        mine = len(outputs)
-        multi_gpu = MULTI_GPU_TAG in tags_of(cell)
+        own = [o for o in cell.get("outputs", []) if MARKER not in o.get("metadata", {})]
+        recorded = []
         for folder, run, cells in newest_with(recordings, name, cell["id"]):
             entry = cells.get(name, {}).get(cell["id"])
-            shown, stale = box(run, entry, source_hash(source_of(cell)), multi_gpu, language, name)
-            outputs += shown
+            shown, stale = box(run, entry, source_hash(source_of(cell)), MULTI_GPU_TAG in tags_of(cell),
+                               language, name)
+            recorded += shown
             if stale:
                 why = "not recorded" if entry is None else "its code changed since"
                 stale_lines.append(f"stale GPU recording: {name} cell {cell['id']} in "
                                    f"results/gpu-runs/{folder.name} ({why})")
-        cell["outputs"] = outputs
-        if figure and len(outputs) > mine:
+        cell["outputs"] = own + recorded
+        if recorded and "figure" in cell.get("metadata", {}).get("mystnb", {}):
             # myst-nb puts each display output of a figure cell in that figure: the recorded
             # figure goes in a cell of its own just below, its box labelling it.
-            cell["outputs"], recorded = outputs[:mine], outputs[mine:]
-            at = notebook["cells"].index(cell) + 1
-            notebook["cells"].insert(at, {"cell_type": "code", "id": f"{cell['id']}-gpu",
-                                          "metadata": {"tags": ["remove-input"]},
-                                          # myst-nb leaves out a cell with no code at all
-                                          "source": "# what the cell above printed on a GPU",
-                                          "execution_count": None, "outputs": recorded})
+            cell["outputs"] = own
+            below = {"cell_type": "code", "id": f"{cell['id']}-gpu", "metadata": {"tags": ["remove-input"]},
+                     # myst-nb leaves out a cell with no code at all
+                     "source": "# what the cell above printed on a GPU",
+                     "execution_count": None, "outputs": recorded}
+            notebook["cells"].insert(notebook["cells"].index(cell) + 1, below)
     return stale_lines
 
 

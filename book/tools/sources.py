@@ -42,10 +42,6 @@ def each_chapter(function):
     return check(over_the_chapters)
 
 
-def problems(root):
-    return [problem for function in CHECKS for problem in function(Path(root))]
-
-
 # --- reading the sources ----------------------------------------------------------------------
 
 def toc_entries(root):
@@ -80,10 +76,6 @@ def tags(cell):
 
 def name(root, path):
     return str(path.relative_to(root))
-
-
-def repository_url(root):
-    return yaml.safe_load((root / "_config.yml").read_text())["repository"]["url"]
 
 
 # --- the table of contents ----------------------------------------------------------------------
@@ -266,7 +258,7 @@ def every_page_gives_each_chapter_its_own_time(root):
 def the_repository_named_is_the_configured_one(root):
     """The GitHub addresses in the README, the front matter and the set-up cell (which clones
     it) are the repository of _config.yml."""
-    url = repository_url(root).rstrip("/")
+    url = yaml.safe_load((root / "_config.yml").read_text())["repository"]["url"].rstrip("/")
     docs = [root / "README.md", root / "book/tools/setup_cell.py", *sorted((root / "book").glob("*.md"))]
     return [f"{name(root, doc)}, line {text.count(chr(10), 0, found.start()) + 1}: names "
             f"{found.group()}, but the repository is {url} (_config.yml)"
@@ -278,6 +270,6 @@ def the_repository_named_is_the_configured_one(root):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args(argv)
-    found = problems(ROOT)
+    found = [problem for function in CHECKS for problem in function(ROOT)]
     print("\n".join(found) if found else f"No problems: the {len(CHECKS)} editorial checks of the sources.")
     return 1 if found else 0
