@@ -32,11 +32,9 @@ def add_switch_to_header(app, config):
 def retarget(buttons, pagename):
     """The launch buttons' links (sphinx-book-theme's group launch-buttons) to notebooks/zh/."""
     folder, _, name = pagename.rpartition("/")
-    for group in buttons:
-        if group.get("label") == "launch-buttons":
-            for button in group.get("buttons", []):
-                if "url" in button:
-                    button["url"] = button["url"].replace(f"{folder}/{name}.ipynb", f"{folder}/zh/{name}.ipynb")
+    launch = [group for group in buttons if group.get("label") == "launch-buttons"]
+    for button in [button for group in launch for button in group.get("buttons", []) if "url" in button]:
+        button["url"] = button["url"].replace(f"{folder}/{name}.ipynb", f"{folder}/zh/{name}.ipynb")
 
 
 def link_other_edition(app, pagename, templatename, context, doctree):

@@ -199,11 +199,10 @@ def nbmake(edition, notebooks, junit):
     return subprocess.run(command, cwd=edition.src).returncode
 
 
-def nbmake_command(src, targets, timings, cell_timeout_s=CELL_TIMEOUT_S,
-                   notebook_timeout_s=NOTEBOOK_TIMEOUT_S):
+def nbmake_command(src, targets, timings):
     """pytest --nbmake over targets of the copy src, outputs written back, timings to JUnit."""
     return [sys.executable, "-m", "pytest", "--nbmake", "--overwrite",
-            f"--nbmake-timeout={cell_timeout_s}", "-o", f"timeout={notebook_timeout_s}",
+            f"--nbmake-timeout={CELL_TIMEOUT_S}", "-o", f"timeout={NOTEBOOK_TIMEOUT_S}",
             "-p", "no:cacheprovider", f"--junitxml={timings}", "-o", "junit_family=xunit1",
             "-o", "addopts=",  # the repository's test options are not for this run
             "--rootdir", str(src), *map(str, targets)]
