@@ -1,22 +1,28 @@
-"""The run's folder, OUT: metrics.jsonl and checkpoint.pt, never overwritten by accident.
+"""The run's folder, OUT: metrics.jsonl, checkpoint.pt and run.json, never overwritten by
+accident.
 
 prepare_out_dir claims OUT before any work starts (no other run may write there meanwhile),
-and start_out_dir sets it up. After each epoch, save_epoch logs the epoch and saves the
-checkpoint that covers it, unless the loss stopped being finite (stop_if_loss_not_finite);
-resume_from loads that checkpoint into a new run, which must train as the saved one did.
-The files' names are in runfiles.py.
+and start_out_dir sets it up. After each epoch, save_epoch logs the epoch, with how the run
+was made (run_context), and saves the checkpoint that covers it, unless the loss stopped
+being finite (stop_if_loss_not_finite); resume_from loads that checkpoint into a new run,
+which must train as the saved one did (resume.py). Once the run has finished, write_summary
+writes run.json. The files' names are in runfiles.py.
 """
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
 
 from ddp_scripts.cli import HELD_FOLDERS, RunStopped, UsageError, say
-from ddp_scripts.ranks import world_size
-from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY
+from ddp_scripts.devices import say_device
+from ddp_scripts.ranks import on_rank_0, world_size
+from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY
 
 try:
     import fcntl
@@ -61,9 +67,14 @@ def hold(lock):
         os.close(descriptor)  # a run that held it removed it as it let go: take the new one
 
 
+def run_identity(args):
+    """What must match for a checkpoint to belong to this run."""
+    return {"model": args.model, "dataset": args.dataset, "dtype": args.dtype}
+
+
 def training_settings(args):
     """What a resumed run must share with the run it continues, besides run_identity: the
-    optimizer's settings and the data each step sees (mishaps.check_resume)."""
+    optimizer's settings and the data each step sees (resume.check_resume)."""
     return {"lr": args.lr, "momentum": args.momentum, "train_samples": args.train_samples,
             "seed": args.seed, "global_batch_size": args.batch_size * world_size(),
             "batch_size": args.batch_size, "world_size": world_size()}
@@ -80,12 +91,8 @@ def prepare_out_dir(args):
                          "--overwrite to replace it, or choose another --out")
     if not args.resume:
         return None
-    from ddp_scripts.mishaps import check_resume, start_again_without_checkpoint  # a resume's checks
-    if (out / SHARDED_CHECKPOINT).exists() or not (out / CHECKPOINT).exists():
-        return start_again_without_checkpoint(out)  # train_fsdp.py's, or a crash before a save
-    checkpoint = load_checkpoint(out / CHECKPOINT, expect=run_identity(args))
-    check_resume(checkpoint, training_settings(args), args.epochs, out / CHECKPOINT)
-    return checkpoint
+    from ddp_scripts.resume import checkpoint_to_resume  # the checks of a resume, only then
+    return checkpoint_to_resume(out, args.epochs, run_identity(args), training_settings(args))
 
 
 def start_out_dir(args, checkpoint):
@@ -135,29 +142,10 @@ def write_atomically(path, write, mode="wb"):
         raise
 
 
-def run_identity(args):
-    """What must match for a checkpoint to belong to this run."""
-    return {"model": args.model, "dataset": args.dataset, "dtype": args.dtype}
-
-
 def save_checkpoint(out, model, optimizer, epoch, args):
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
              "epoch": epoch, "identity": run_identity(args), "trained": training_settings(args)}
     write_atomically(Path(out) / CHECKPOINT, lambda f: torch.save(state, f))
-
-
-def load_checkpoint(path, expect=None):
-    """Load on the CPU (`map_location`), tensors only (`weights_only`), checked."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # no permission, cut short, or another program's: one line
-        from ddp_scripts.mishaps import unreadable_checkpoint
-        raise unreadable_checkpoint(path, error) from None
-    if not isinstance(state, dict) or not {"model", "optimizer", "epoch"} <= state.keys() or (
-            expect is not None and state.get("identity", expect) != expect):
-        from ddp_scripts.mishaps import not_this_runs_checkpoint
-        raise not_this_runs_checkpoint(path, state, expect)
-    return state
 
 
 def epoch_record(epoch, train_totals, test_totals, epoch_time_s, **context):
@@ -208,3 +196,50 @@ def resume_from(checkpoint, model, optimizer, out):
     say(f"resuming after epoch {checkpoint['epoch']} from {out}" + (
         f" (saved by {saved_by} rank(s), loaded by {world_size()})" if saved_by != world_size() else ""))
     return checkpoint["epoch"] + 1
+
+
+def strategy_of(model):
+    """How the model is spread, read from its class: "dp", "ddp", "fsdp" or "single"."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper (train_fast.py --compile)
+    if isinstance(model, nn.DataParallel):
+        return "dp"
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return "ddp"
+    return "fsdp" if isinstance(model, FSDPModule) else "single"
+
+
+def run_context(args, device, model, threads, data_source, **levers):
+    """What every line of metrics.jsonl records about how the run was made (`levers`: chapter
+    10's options). Rank 0 also says where it trains, and checks a resume's data source."""
+    if args.resume:
+        from ddp_scripts.resume import check_same_data
+        on_rank_0(check_same_data, args.out, data_source)
+    processes = world_size()
+    gpus = processes if device.type == "cuda" else 0
+    if isinstance(model, nn.DataParallel):
+        gpus = len(model.device_ids)
+    say_device(device, args.device, processes, gpus)
+    return {"world_size": processes, "device": str(device),
+            "backend": dist.get_backend() if dist.is_initialized() else None,
+            "strategy": strategy_of(model), "gpus": gpus, "threads": threads,
+            "batch_size": args.batch_size, "global_batch_size": args.batch_size * processes,
+            "dtype": args.dtype, "tf32": args.tf32, "dataset": data_source, **levers}
+
+
+def write_summary(out, model, device, train_start, args, **extra):
+    """OUT/run.json, once the run has finished: times (start-up from the process's start),
+    hardware, options; `extra`: more keys to record."""
+    # The machine and the process's age (nvidia-smi, cgroups, /proc): measurement, not the lesson.
+    from ddp_scripts.measure.hardware import describe_hardware, seconds_since_start
+    end = time.perf_counter()
+    start = end - seconds_since_start()  # the process's start, on perf_counter's clock
+    summary = {"strategy": strategy_of(model), "world_size": world_size(),
+               "startup_s": train_start - start, "train_s": end - train_start,
+               "total_s": end - start, "hardware": describe_hardware(device), "args": vars(args),
+               **extra}
+    try:
+        write_atomically(Path(out) / SUMMARY, lambda f: f.write(json.dumps(summary, indent=1)),
+                         mode="w")
+    except OSError as error:  # a full disk, say: the training itself is saved
+        from ddp_scripts.mishaps import summary_not_written
+        raise summary_not_written(out, error) from None

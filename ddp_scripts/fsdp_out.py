@@ -26,10 +26,11 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 
 from ddp_scripts import checkpoints
-from ddp_scripts.checkpoints import (append_metrics, claim_out_dir, epoch_record, load_checkpoint,
-                                    run_identity, training_settings, write_atomically)
+from ddp_scripts.checkpoints import (append_metrics, claim_out_dir, epoch_record, run_identity,
+                                    training_settings, write_atomically)
 from ddp_scripts.cli import RunStopped, UsageError, first_line, say
-from ddp_scripts.mishaps import check_same_training, os_error_in, stop_if_nothing_to_do
+from ddp_scripts.mishaps import os_error_in
+from ddp_scripts.resume import check_same_training, load_checkpoint, stop_if_nothing_to_do
 from ddp_scripts.runfiles import (CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs,
                                   metrics_rows)
 from ddp_scripts.sharding import bytes_per_rank

@@ -116,7 +116,7 @@ def test_the_timeline_draws_the_hooks_times(ranks, figure):
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     """A short run of train_single.py: its metrics, its checkpoint, and where it started."""
-    from ddp_scripts.checkpoints import load_checkpoint
+    from ddp_scripts.resume import load_checkpoint
     from ddp_scripts.launcher import run_script
     from ddp_scripts.models import build_model
     out = tmp_path_factory.mktemp("ch05-single")

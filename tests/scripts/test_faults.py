@@ -23,7 +23,8 @@ import torch
 
 from ddp_scripts.options import build_parser
 from ddp_scripts.models import build_model
-from ddp_scripts.checkpoints import append_metrics, load_checkpoint, prepare_out_dir, save_checkpoint, start_out_dir
+from ddp_scripts.checkpoints import append_metrics, prepare_out_dir, save_checkpoint, start_out_dir
+from ddp_scripts.resume import load_checkpoint
 from ddp_scripts.launcher import (LaunchError, LaunchTimeout, free_port, run_command,
                                   run_script, torchrun_command)
 from ddp_scripts.mistakes.faults import processes_mentioning

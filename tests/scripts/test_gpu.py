@@ -31,7 +31,7 @@ def test_single_process_trains_on_cuda_and_its_checkpoint_loads_without_a_gpu(tm
     rows = metrics_rows(tmp_path, strict=True)
     assert rows[-1]["device"] == "cuda:0" and rows[-1]["train_loss"] < rows[0]["train_loss"]
     loader = ("import sys, torch;"
-              "from ddp_scripts.checkpoints import load_checkpoint; from ddp_scripts.models import build_model;"
+              "from ddp_scripts.resume import load_checkpoint; from ddp_scripts.models import build_model;"
               "assert not torch.cuda.is_available();"
               "build_model().load_state_dict(load_checkpoint(sys.argv[1])['model']); print('ok')")
     done = subprocess.run([sys.executable, "-c", loader, str(tmp_path / CHECKPOINT)], cwd=ROOT,

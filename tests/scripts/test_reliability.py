@@ -27,6 +27,7 @@ from ddp_scripts.checkpoints import prepare_out_dir, start_out_dir, write_atomic
 from ddp_scripts.cli import NothingToDo, RunStopped, UsageError, let_go_of_folders
 from ddp_scripts.launcher import LaunchError, failure, run_command, run_script, torchrun_command
 from ddp_scripts.options import build_parser
+from ddp_scripts.resume import load_checkpoint
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs, metrics_rows
 from helpers import SMALL, assert_one_line_error, run_in_process
 
@@ -386,7 +387,7 @@ def test_sigterm_to_torchrun_reaches_every_worker_and_keeps_the_files(tmp_path):
     said = [line for line in lines if "interrupted (SIGTERM); the last checkpoint saved" in line]
     assert sorted(line.split("]")[0] for line in said) == ["[rank 0", "[rank 1"], output
     assert "SignalException" in output  # torchrun's own
-    epoch = checkpoints.load_checkpoint(out / CHECKPOINT)["epoch"]
+    epoch = load_checkpoint(out / CHECKPOINT)["epoch"]
     assert epoch >= 1 and logged_epochs(out)[:epoch] == list(range(1, epoch + 1))
     assert not (out / SUMMARY).exists()
 
@@ -581,11 +582,13 @@ def test_the_claim_is_a_lock_on_a_file_which_network_disks_share(tmp_path, monke
 
 
 def test_a_run_json_that_cannot_be_written_says_the_training_is_saved(tmp_path, monkeypatch):
-    from ddp_scripts import report
+    real = checkpoints.write_atomically
 
-    def full_disk(path, write, mode="wb"):
+    def full_disk_for_the_summary(path, write, mode="wb"):
+        if Path(path).name != SUMMARY:
+            return real(path, write, mode)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(report, "write_atomically", full_disk)
+    monkeypatch.setattr(checkpoints, "write_atomically", full_disk_for_the_summary)
     result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", tmp_path)
     assert result.returncode == 1 and result.stderr.splitlines() == [
         f"error: cannot write {SUMMARY} in {tmp_path} (No space left on device); the training "
