@@ -126,7 +126,7 @@ def directives(source, name):
 
 # ```{solution} ... ```python ... ``` ... ``` ends at the inner closing fence: the rest of the
 # answer falls outside the solution, visible, and the block no longer ends its cell.
-EARLY = "; a fence inside it closes it early unless it is opened with a longer one (````{solution})"
+EARLY = " (or a fence inside it closed it early: open it with a longer one, ````{solution})"
 
 
 def exercise_shape_problems(notebook, number=None):

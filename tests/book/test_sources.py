@@ -212,7 +212,7 @@ def test_the_shape_check_accepts_the_shape_and_finds_each_departure():
 def test_a_solution_closed_early_by_its_own_code_fence_is_found():
     early = "```{solution} ch09-q\n:class: dropdown\n```python\nleak()\n```\n```"
     found = exercise_shape_problems(shaped(EXERCISE, ("markdown", early, ())))
-    assert "closes it early" in found[0]
+    assert "closed it early" in found[0]
     longer = early.replace("```{solution}", "````{solution}", 1).rsplit("\n", 1)[0] + "\n````"
     assert exercise_shape_problems(shaped(EXERCISE, ("markdown", longer, ()))) == []
 
