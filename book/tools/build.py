@@ -226,7 +226,8 @@ def twins(english, translated, name):
 def same_code(english, translation):
     """A ToolError unless every committed notebook of the translation has its English
     notebook's code cells (english and translation: Editions)."""
-    for path in sorted(translation.notebooks.glob("*.ipynb")):   # translations check names an orphan
+    # A Chinese notebook with no English one: `translations check` names it.
+    for path in sorted(translation.notebooks.glob("*.ipynb")):
         twins(read_notebook(english.notebooks / path.name), read_notebook(path), relative(path))
 
 

@@ -120,7 +120,7 @@ def notebook_passages(english_path, chinese_path, name):
             continue
         if zh.source != cell.source:
             found.append(f"{name}, {label}: code differs from the English cell ({SYNC})")
-        if figure_text(cell) is not None:   # its name: a reference to it fails the build (-W)
+        if figure_text(cell) is not None:   # its name, if not the English: -W fails a reference
             passages.append(Passage(cell["id"], f"figure caption of {label}", figure_text(cell),
                                     figure_text(zh) or "", mark, 1))
     return found, passages
