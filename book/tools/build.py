@@ -7,6 +7,7 @@ character, with the same ids, so each takes the outputs of the English cell it t
 """
 import argparse
 import copy
+import html
 import os
 import re
 import shutil
@@ -247,6 +248,41 @@ def copy_outputs(english, translation):
             {key: value for key, value in executed["metadata"].items() if key in OUTPUT_METADATA})}
 
 
+# A deliberate error on the page: the reader's own line, the last frame and the message; the
+# frames between (PyTorch's own code, mostly) in the full traceback, collapsed below it.
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SHORTENED = "shortened"   # output metadata: done (--render-only meets the page again)
+
+
+def shorten_tracebacks(notebook, language="en"):
+    """Each error output of more than one frame between the reader's cell and the raising one
+    cut to those two and the message, in place; the whole traceback follows, collapsed."""
+    text = words(language)
+    for cell in notebook["cells"]:
+        outputs = []
+        for output in cell.get("outputs", []):
+            outputs.append(output)
+            trace = output.get("traceback", [])
+            # header line(s), the cell's frame, frames..., the raising frame, the message
+            first = next((i for i, part in enumerate(trace) if ANSI.sub("", part).startswith("Cell In")), None)
+            if (output.get("output_type") != "error" or output.get("metadata", {}).get(SHORTENED)
+                    or first is None or len(trace) - first <= 4):
+                continue
+            left_out = len(trace) - first - 3
+            output["traceback"] = [*trace[:first + 1],
+                                   text["traceback_left_out"].format(frames=left_out),
+                                   *trace[-2:]]
+            output.setdefault("metadata", {})[SHORTENED] = True
+            whole = html.escape(ANSI.sub("", "\n".join(trace)))
+            summary = text["traceback_whole"].format(lines=whole.count("\n") + 1)
+            outputs.append({"output_type": "display_data", "metadata": {SHORTENED: True},
+                            "data": {"text/html": f'<details class="full-traceback"><summary>'
+                                                  f"{summary}</summary><pre>{whole}</pre></details>",
+                                     "text/plain": summary}})
+        if "outputs" in cell:
+            cell["outputs"] = outputs
+
+
 def write_execution_times(edition):
     """book/execution-times.md in the copy, from its timings: how each chapter executed, alone
     or beside another (whose speeds are then a shared machine's: the page says so, once)."""
@@ -320,6 +356,8 @@ def main(argv=None):
     copy_outputs(EXECUTED, translation)
     for edition in editions:
         write_execution_times(edition)
+        for path, notebook in notebooks_in(edition.src / "notebooks"):
+            shorten_tracebacks(notebook, edition.name)
         # The outputs name the executed copy's paths, which the page leaves out.
         gpu_recordings.prepare(sorted((edition.src / "notebooks").glob("*.ipynb")),
                                build_copy=EXECUTED.src,

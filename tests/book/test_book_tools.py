@@ -3,6 +3,7 @@ offline JavaScript and how the build executes the notebooks (recorded GPU runs:
 tests/book/test_gpu_recordings.py; `make gpu-check`: tests/book/test_gpu_check.py). No site build is
 needed."""
 import ast
+import copy
 import re
 import subprocess
 import sys
@@ -364,3 +365,45 @@ def test_a_cell_the_recordings_added_is_not_asked_of_the_translation():
                           "metadata": {gpu_recordings.MARKER: "label"}}]}
     pairs = build.twins({"cells": [code, added]}, {"cells": [dict(code)]}, "zh/x.ipynb")
     assert [(english["id"], chinese["id"]) for english, chinese in pairs] == [("f", "f")]
+
+
+def error_output(frames):
+    red = "\x1b[31m"
+    return {"output_type": "error", "ename": "RuntimeError", "evalue": "on device meta",
+            "traceback": [f"{red}-----", f"{red}RuntimeError   Traceback (most recent call last)",
+                          f"{red}Cell In[7], line 1\n----> 1 loss = F.cross_entropy(x, y)",
+                          *[f"File torch/f{i}.py:{i}, in f{i}()\n  <code {i}>" for i in range(frames)],
+                          f"{red}RuntimeError: Tensor on device meta & not cpu!"]}
+
+
+def test_a_long_deliberate_traceback_shows_the_reader_s_line_the_last_frame_and_the_message():
+    notebook = {"cells": [{"cell_type": "code", "id": "a", "source": "", "metadata": {},
+                           "outputs": [error_output(12)]},
+                          {"cell_type": "code", "id": "b", "source": "", "metadata": {},
+                           "outputs": [error_output(2)]}]}
+    build.shorten_tracebacks(notebook)
+    short, whole = notebook["cells"][0]["outputs"]
+    plain = [build.ANSI.sub("", part) for part in short["traceback"]]
+    assert plain[2].startswith("Cell In[7]") and plain[-2].startswith("File torch/f11.py")
+    assert plain[3] == "... 11 frames left out: the whole traceback is below ..."
+    assert plain[-1] == "RuntimeError: Tensor on device meta & not cpu!"
+    assert len(plain) == 6
+    page = whole["data"]["text/html"]
+    assert page.startswith('<details class="full-traceback"><summary>The whole traceback (')
+    assert "f5.py" in page and "&amp; not cpu" in page and "\x1b" not in page
+    assert notebook["cells"][1]["outputs"] == [error_output(2)], "a short one is left as it is"
+    once = copy.deepcopy(notebook)
+    build.shorten_tracebacks(notebook)   # --render-only meets the page again
+    assert notebook == once
+    build.shorten_tracebacks(chinese := {"cells": [{"cell_type": "code", "outputs": [error_output(9)]}]}, "zh")
+    assert "完整的回溯信息" in chinese["cells"][0]["outputs"][1]["data"]["text/plain"]
+
+
+@pytest.mark.parametrize("language", ["en", "zh"])
+def test_the_left_out_line_highlights_as_a_traceback_in_both_languages(language):
+    """The page highlights an error with Pygments' ipythontb lexer, and -W makes a character it
+    cannot lex (full-width punctuation, say) a failed build."""
+    from pygments import lex
+    from pygments.lexers import get_lexer_by_name
+    line = build.words(language)["traceback_left_out"].format(frames=7)
+    assert [t for t in lex(line + "\n", get_lexer_by_name("ipythontb")) if str(t[0]) == "Token.Error"] == []
