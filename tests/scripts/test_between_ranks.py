@@ -69,3 +69,19 @@ def test_two_ranks_on_one_gpu_are_refused_over_the_default_group(tmp_path):
         assert rank["different"] == "passed"
         assert rank["same"] == ("ranks 0 and 1 were given the same GPU (GPU-shared): "
                                 "start one process per GPU")
+
+
+def test_a_rank_on_a_gpu_makes_it_current_before_the_group_forms(monkeypatch):
+    """ranks.init_process_group calls torch.cuda.set_device first, so that every script that
+    joins through it (step_parts.py too) puts a bare "cuda" tensor (all_gather_object's) on its
+    own GPU. Faked here, on a machine without one: the calls are recorded in order."""
+    from ddp_scripts import ranks
+    calls = []
+    monkeypatch.setattr(ranks, "GROUP", {})
+    monkeypatch.setattr(ranks.torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(ranks.dist, "init_process_group",
+                        lambda **options: calls.append(("join", options["backend"], options["device_id"])))
+    monkeypatch.setattr(ranks, "check_one_gpu_per_rank", lambda device: calls.append(("check", device)))
+    gpu = torch.device("cuda", 1)
+    ranks.init_process_group(gpu, timeout_s=5)
+    assert calls == [("set_device", gpu), ("join", "nccl", gpu), ("check", gpu)]
