@@ -20,18 +20,16 @@ from pathlib import Path
 
 import yaml
 
-from book.tools import ToolError, gpu_recordings, offline_assets, words
+from book.tools import ROOT, ToolError, gpu_recordings, offline_assets, words
 from book.tools.notebooks import read_notebook, write_notebook
-from book.tools.translations import relative
+from book.tools.translations import ZH, relative
 from ddp_scripts.measure.hardware import describe_hardware, usable_cores
 
-ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "_build"
 HTML = BUILD / "html"
 FRONT_MATTER = ["_config.yml", "_toc.yml", "book", "results"]
 SOURCES = FRONT_MATTER + ["notebooks", "ddp_scripts"]
 MACHINE = BUILD / "notebook-machine.txt"   # what the timings were measured on
-ZH = "zh"   # the Chinese pages' folder, beside the English ones
 # nbmake limits each cell; pytest-timeout each notebook (in place of the tests' own limit).
 CELL_TIMEOUT_S = 900
 NOTEBOOK_TIMEOUT_S = 1800
@@ -153,8 +151,7 @@ def execute(edition):
     # they take the runs in order.
     with ThreadPoolExecutor(min(SIDE_BY_SIDE, usable_cores())) as lanes:
         statuses = list(lanes.map(lambda run: nbmake(edition, *run), runs))
-    alone = [path for path in sorted((edition.src / "notebooks").glob("*.ipynb"))
-             if path.stem in ALONE]
+    alone = sorted(path for path in (edition.src / "notebooks").glob("*.ipynb") if path.stem in ALONE)
     if alone:
         statuses.append(nbmake(edition, alone, parts / "alone.xml"))
     suite = ET.Element("testsuite", name="notebooks")   # one JUnit file, each chapter marked

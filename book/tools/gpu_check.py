@@ -19,10 +19,9 @@ import tarfile
 import time
 from pathlib import Path
 
-from book.tools import ToolError, build, gpu_recordings as rec
+from book.tools import ROOT, ToolError, build, gpu_recordings as rec
 from ddp_scripts.measure.hardware import describe_hardware
 
-ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "_build" / "gpu-check"
 STEPS = ["notebooks", "tests", "micro", "benchmark"]
 STEP_TIMEOUT_S = 1800   # as build.py's limit for a notebook; `timeout` then ends the step's processes

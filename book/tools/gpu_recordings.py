@@ -13,11 +13,10 @@ import socket
 import sys
 from pathlib import Path
 
-from book.tools import words
-from book.tools.notebooks import read_notebook, write_notebook
+from book.tools import ROOT, words
+from book.tools.notebooks import joined, read_notebook, source_of, tags_of, write_notebook
 from ddp_scripts.measure import hardware
 
-ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = ROOT / "results" / "gpu-runs"
 CELLS_FILE, RUN_FILE, CONDITIONS_FILE = "cells.json", "run.json", "conditions.json"
 GPU_TAG, MULTI_GPU_TAG = "gpu-output", "multi-gpu"
@@ -25,31 +24,17 @@ MARKER = "gpu_recording"     # metadata key of the outputs this module adds to a
 
 
 def read_json(path, default=None):
-    path = Path(path)
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else default
+    return json.loads(Path(path).read_text(encoding="utf-8")) if Path(path).exists() else default
 
 
 def write_json(path, data):
     Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def joined(text):
-    """Text that a notebook file may keep as a list of lines, as one string."""
-    return "".join(text) if isinstance(text, list) else text
-
-
-def source_of(cell):
-    return joined(cell.get("source", ""))
-
-
 def source_hash(source):
     """sha256 of a cell's code, blind to trailing spaces and the final newline."""
     lines = [line.rstrip() for line in source.replace("\r\n", "\n").strip("\n").split("\n")]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
-
-
-def tags_of(cell):
-    return cell.get("metadata", {}).get("tags", [])
 
 
 def gpu_cells(notebook):
@@ -84,11 +69,9 @@ def load_recordings(root=RECORDINGS):
 
 def newest_with(recordings, name, cell_id):
     """Per hardware, the newest recording that has this cell, else the newest of that hardware."""
-    newest, having = {}, {}
-    for recording in sorted(recordings, key=lambda r: r[0].name):
-        newest[recording[1]["hardware"]] = recording
-        if cell_id in recording[2].get(name, {}):
-            having[recording[1]["hardware"]] = recording
+    ordered = sorted(recordings, key=lambda recording: recording[0].name)
+    newest = {recording[1]["hardware"]: recording for recording in ordered}
+    having = {recording[1]["hardware"]: recording for recording in ordered if cell_id in recording[2].get(name, {})}
     return [having.get(machine, newest[machine]) for machine in newest]
 
 
@@ -138,8 +121,7 @@ def box(run, entry, current_hash, multi_gpu, language="en", name=""):
     whether it is current) with the rest collapsed, then what the cell printed there."""
     text = words(language)
     title = html.escape(f"{run['hardware']}; {run['date']}; commit {run['commit']}")
-    state = "missing" if entry is None else (
-        "stale" if entry["source_sha256"] != current_hash else "current")
+    state = "missing" if entry is None else "stale" if entry["source_sha256"] != current_hash else "current"
     conditions = "" if entry is None else conditions_html(run, name, language)
     said = text[f"gpu_{state}"].format(title=title)
     shown = f'<p class="gpu-recording-label">{said}</p>' + conditions

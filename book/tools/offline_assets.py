@@ -15,9 +15,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from book.tools import ToolError
+from book.tools import ROOT, ToolError
 
-ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".offline-assets"
 # name: (version, sha512 of its tarball, the files the site serves). html-manager 1.0.x is the
 # embedding manager of ipywidgets 8: embed-amd.js bundles the widgets, with its fonts beside it.

@@ -20,7 +20,9 @@ import yaml
 from markdown_it import MarkdownIt
 from mdit_py_plugins.colon_fence import colon_fence_plugin
 
-ROOT = Path(__file__).resolve().parents[2]
+from book.tools import ROOT
+from book.tools.notebooks import source_of as cell_source, tags_of as tags
+
 # The block parser MyST uses for fences and colon fences.
 PARSER = MarkdownIt("commonmark").use(colon_fence_plugin)
 CHECKS = []
@@ -63,15 +65,6 @@ def chapters(root):
 
 def load_notebook(path):
     return json.loads(Path(path).read_text())
-
-
-def cell_source(cell):
-    source = cell.get("source", "")
-    return "".join(source) if isinstance(source, list) else source
-
-
-def tags(cell):
-    return cell.get("metadata", {}).get("tags", [])
 
 
 def name(root, path):
@@ -268,8 +261,7 @@ def the_repository_named_is_the_configured_one(root):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.parse_args(argv)
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     found = [problem for function in CHECKS for problem in function(ROOT)]
     print("\n".join(found) if found else f"No problems: the {len(CHECKS)} editorial checks of the sources.")
     return 1 if found else 0

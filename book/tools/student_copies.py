@@ -10,10 +10,9 @@ import re
 import shutil
 from pathlib import Path
 
-from book.tools import ToolError
+from book.tools import ROOT, ToolError
 from book.tools.notebooks import read_notebook, write_notebook
 
-ROOT = Path(__file__).resolve().parents[2]
 SOLUTION_CELL = re.compile(r"\A\s*(`{3,}|:{3,})\{solution\}")
 
 

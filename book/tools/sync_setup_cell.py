@@ -7,10 +7,9 @@ It is tagged `hide-input`: collapsed on the pages, the same plumbing at the top 
 import argparse
 from pathlib import Path
 
-from book.tools import ToolError
+from book.tools import ROOT, ToolError
 from book.tools.notebooks import read_notebook, write_notebook
 
-ROOT = Path(__file__).resolve().parents[2]
 SETUP_TAG = "hide-input"
 
 

@@ -26,10 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from book.tools import ToolError
+from book.tools import ROOT, ToolError
 from book.tools.notebooks import read_notebook as read, write_notebook as write
 
-ROOT = Path(__file__).resolve().parents[2]
 ZH = "zh"
 SYNC = "run: python -m book.tools translations sync"
 MARKER = re.compile(r"^% en: ([0-9a-f]{12}|new)\s*$")
@@ -131,9 +130,7 @@ def figure_text(cell):
     as one text to translate; None for a cell that draws no numbered figure."""
     options = cell.get("metadata", {}).get("mystnb", {})
     caption = options.get("figure", {}).get("caption")
-    if caption is None:
-        return None
-    return f"{caption}\n\n{options.get('image', {}).get('alt', '')}"
+    return None if caption is None else f"{caption}\n\n{options.get('image', {}).get('alt', '')}"
 
 
 def sync_notebook(english_path, chinese_path):
@@ -197,8 +194,9 @@ def sections(text):
 
 
 def code_lines(text):
-    """The lines of a page's fenced code blocks (``` only: directives' bodies are prose)."""
-    return [line for line, kind in scan(text) if kind in ("code", "code-fence")]
+    """The lines of a page's fenced code blocks (``` only: directives' bodies are prose), each
+    without its comment."""
+    return [without_comment(line) for line, kind in scan(text) if kind in ("code", "code-fence")]
 
 
 def without_comment(line):
@@ -217,8 +215,7 @@ def without_comment(line):
 
 def page_passages(english_path, chinese_path, name):
     """(what is out of step in a Chinese page's sections and code, its sections)."""
-    english_text = english_path.read_text(encoding="utf-8")
-    chinese_text = chinese_path.read_text(encoding="utf-8")
+    english_text, chinese_text = (path.read_text(encoding="utf-8") for path in (english_path, chinese_path))
     english, lines = sections(english_text), chinese_text.splitlines()
     starts = [number for number, line in enumerate(lines) if MARKER.match(line)]
     marked = [(MARKER.match(lines[a])[1], "\n".join(lines[a + 1:b]), a + 2)   # after its marker
@@ -227,8 +224,7 @@ def page_passages(english_path, chinese_path, name):
     if len(marked) != len(english):
         found.append(f"{name}: {len(marked)} marked sections for the English page's "
                      f"{len(english)} (a `% en: SHA` line before each)")
-    if ([without_comment(line) for line in code_lines(chinese_text)]
-            != [without_comment(line) for line in code_lines(english_text)]):
+    if code_lines(chinese_text) != code_lines(english_text):
         found.append(f"{name}: its code blocks differ from the English page's")
     return found, [Passage(str(number), f"section {number}", section, zh, mark, first)
                    for number, (section, (mark, zh, first)) in enumerate(zip(english, marked), 1)]
@@ -298,9 +294,8 @@ def compare(english_path, chinese_path):
         return [f"{name}: missing (the Chinese page of {relative(english_path)})"], []
     pair = notebook_passages if english_path.suffix == ".ipynb" else page_passages
     found, passages = pair(english_path, chinese_path, name)
-    for passage in passages:
-        found += passage_problems(f"{name}, {passage.label}", passage)
-    return found, passages
+    return found + [problem for passage in passages
+                    for problem in passage_problems(f"{name}, {passage.label}", passage)], passages
 
 
 def accept(english_path, chinese_path, keys=()):
@@ -310,14 +305,12 @@ def accept(english_path, chinese_path, keys=()):
     passages = {p.key: p for p in compare(english_path, chinese_path)[1]}
     unknown = sorted(set(keys) - set(passages))
     if unknown:
-        raise ToolError(f"{relative(chinese_path)} has no prose cell or section "
-                               f"{unknown[0]}")
+        raise ToolError(f"{relative(chinese_path)} has no prose cell or section {unknown[0]}")
     chosen = {key: sha(p.english) for key, p in passages.items() if not keys or key in keys}
     if english_path.suffix == ".ipynb":
         chinese = read(chinese_path)
-        for cell in chinese["cells"]:
-            if cell.get("id") in chosen:
-                cell.setdefault("metadata", {})["translation"] = {"en": chosen[cell["id"]]}
+        for cell in [cell for cell in chinese["cells"] if cell.get("id") in chosen]:
+            cell.setdefault("metadata", {})["translation"] = {"en": chosen[cell["id"]]}
         write(chinese_path, chinese)
     else:
         lines = chinese_path.read_text(encoding="utf-8").splitlines()
@@ -356,17 +349,15 @@ def check(show_diff):
         problems, passages = compare(english, chinese_page(english))
         found += problems
         diffs += english_history(english, passages) if show_diff else []
-    for page in [*(ROOT / "notebooks" / ZH).glob("*.ipynb"), *(ROOT / "book" / ZH).glob("*.md")]:
-        english = page.parent.parent / page.name
-        if not english.exists():
-            found.append(f"{relative(page)}: no English page {relative(english)}")
+    found += [f"{relative(page)}: no English page {relative(page.parent.parent / page.name)}"
+              for page in [*(ROOT / "notebooks" / ZH).glob("*.ipynb"), *(ROOT / "book" / ZH).glob("*.md")]
+              if not (page.parent.parent / page.name).exists()]
     found += reader_text_problems()
-    print("\n".join(found) if found else "The Chinese edition is in step with the English.")
+    # diffs come only with out-of-date passages, which are problems found
+    print("\n".join(found + diffs) if found else "The Chinese edition is in step with the English.")
     if found and not show_diff:
         print("How the English changed: python -m book.tools translations check --diff; "
               "after translating: python -m book.tools translations accept PAGE [ID ...]")
-    for diff in diffs:
-        print(diff)
     return 1 if found else 0
 
 
