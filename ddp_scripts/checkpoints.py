@@ -53,7 +53,11 @@ def claim_out_dir(out):
 def hold(lock):
     """An open descriptor of `lock`, flocked; None where no lock can be had (said once)."""
     while True:
-        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except FileNotFoundError:  # OUT, empty, removed by a run that made it and ended
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            continue
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (OSError, AttributeError) as error:  # held (BlockingIOError), or no flock here
@@ -181,7 +185,9 @@ def save_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_t
         save_checkpoint(args.out, model, optimizer, epoch, args)
     except Exception as error:  # a full disk, say: one line that says what is kept
         from ddp_scripts.mishaps import cannot_save
-        raise cannot_save(error, args.out, epoch) from None
+        if (stopped := cannot_save(error, args.out, epoch)) is error:
+            raise
+        raise stopped from None
     say(f"epoch {epoch}/{args.epochs} train_loss={record['train_loss']:.4f} "
         f"test_accuracy={record['test_accuracy']:.4f} samples/s={record['samples_per_s']:.0f}")
 

@@ -40,7 +40,11 @@ def let_go_of_folders():
     remove the folders the claim made if the script left nothing in them."""
     for descriptor, made, lock in HELD_FOLDERS.values():
         if descriptor is not None:
-            lock.unlink(missing_ok=True)
+            try:
+                if os.path.samestat(os.fstat(descriptor), os.stat(lock)):  # not another run's
+                    lock.unlink()
+            except FileNotFoundError:
+                pass
             os.close(descriptor)  # and with it the lock
         for folder in made:
             try:

@@ -29,7 +29,6 @@ from ddp_scripts import checkpoints
 from ddp_scripts.checkpoints import (append_metrics, claim_out_dir, epoch_record, run_identity,
                                     training_settings, write_atomically)
 from ddp_scripts.cli import RunStopped, UsageError, first_line, say
-from ddp_scripts.mishaps import os_error_in
 from ddp_scripts.resume import check_same_training, load_checkpoint, stop_if_nothing_to_do
 from ddp_scripts.runfiles import (CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs,
                                   metrics_rows)
@@ -182,6 +181,7 @@ def save_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_t
             append_metrics(args.out, record)
         save_sharded(args.out, model, optimizer, epoch, args, context["global_batch_size"])
     except (Exception, dcp.CheckpointException) as error:  # DCP: every rank's, on every rank
+        from ddp_scripts.mishaps import os_error_in  # a full disk, say
         cause = os_error_in(error) or next(
             (os_error_in(failed) for failed, _ in getattr(error, "failures", {}).values()
              if os_error_in(failed)), None)

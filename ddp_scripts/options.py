@@ -77,7 +77,8 @@ def build_parser(description):
     p.add_argument("--out", type=folder, required=True,
                    help="output directory: metrics.jsonl, checkpoint.pt")
     p.add_argument("--resume", action="store_true",
-                   help="continue from OUT/checkpoint.pt, with the options it was trained with")
+                   help="continue from OUT/checkpoint.pt, with the options it was trained with "
+                        "(or start, if OUT holds no run)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in OUT")
     p.add_argument("--stop-after-epoch", type=count, default=None,
                    help="stop after this epoch, as if interrupted (for resume demos)")

@@ -25,6 +25,7 @@ from ddp_scripts import checkpoints, fsdp_out
 from ddp_scripts.measure import benchmark
 from ddp_scripts.checkpoints import prepare_out_dir, start_out_dir, write_atomically
 from ddp_scripts.cli import NothingToDo, RunStopped, UsageError, let_go_of_folders
+from ddp_scripts.mistakes.faults import processes_mentioning
 from ddp_scripts.launcher import LaunchError, failure, run_command, run_script, torchrun_command
 from ddp_scripts.options import build_parser
 from ddp_scripts.resume import load_checkpoint
@@ -120,8 +121,6 @@ def test_a_run_lets_go_of_its_folder_even_when_it_fails(tmp_path):
     failed = run_in_process("train_single.py", *RUN, "--lr", "1e30", "--out", out)
     assert failed.returncode == 1 and "the loss became nan" in failed.stderr
     assert not (out / checkpoints.LOCK).exists()  # removed as the run let go
-    checkpoints.claim_out_dir(out)  # and nothing holds it
-    let_go_of_folders()
 
 
 def test_a_refused_run_leaves_a_folder_as_it_found_it(finished, tmp_path):
@@ -155,6 +154,21 @@ def test_a_lock_removed_while_it_was_taken_is_taken_again(tmp_path, monkeypatch)
         assert len(calls) == 2 and os.path.samestat(os.fstat(descriptor), os.stat(lock))
     finally:
         os.close(descriptor)
+
+
+def test_a_run_that_lets_go_leaves_another_run_s_lock_file(tmp_path):
+    """OUT/.lock removed by hand while a run held it, and a new one made and held by another
+    run: the first run's end leaves the new file alone."""
+    out = tmp_path / "run"
+    checkpoints.claim_out_dir(out)
+    (out / checkpoints.LOCK).unlink()  # by hand
+    other = os.open(out / checkpoints.LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other run's
+        let_go_of_folders()
+        assert (out / checkpoints.LOCK).exists()
+    finally:
+        os.close(other)
 
 
 def test_a_new_run_removes_only_the_temporary_files_of_its_own_kind(tmp_path):
@@ -389,7 +403,8 @@ def test_sigterm_to_torchrun_reaches_every_worker_and_keeps_the_files(tmp_path):
     assert "SignalException" in output  # torchrun's own
     epoch = load_checkpoint(out / CHECKPOINT)["epoch"]
     assert epoch >= 1 and logged_epochs(out)[:epoch] == list(range(1, epoch + 1))
-    assert not (out / SUMMARY).exists()
+    assert not (out / SUMMARY).exists() and not (out / checkpoints.LOCK).exists()
+    assert processes_mentioning(str(out)) == []  # torchrun has ended its workers
 
 
 def test_an_out_that_cannot_be_made_is_one_line_per_rank_under_ddp(tmp_path):
