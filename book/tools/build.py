@@ -170,11 +170,26 @@ def source_archive(target):
     def git(*args):
         done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
         if done.returncode:
-            raise ToolError(f"git {args[0]} failed (the build needs a git checkout, for the site's "
-                            f"source archive): {done.stderr.strip()}")
+            raise ToolError(f"git {args[0]} failed: {done.stderr.strip()}")
         return done.stdout.strip()
+    if not (ROOT / ".git").exists():   # unpacked from this archive: a reader's copy
+        return zip_of_the_sources(target)
     commit = git("stash", "create") or "HEAD"
     git("archive", "--format=zip", f"--prefix={ARCHIVE_FOLDER}/", "-o", str(target), commit)
+    return target
+
+
+def zip_of_the_sources(target):
+    """The archive made without git: every file but what the build and the runs write."""
+    import zipfile
+    left_out = {".git", "_build", "data", "runs", "__pycache__", ".ipynb_checkpoints", ".pytest_cache",
+                ".ruff_cache", ".offline-assets", ".gpu-wheels"}
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(ROOT.rglob("*")):
+            parts = path.relative_to(ROOT).parts
+            if path.is_file() and not (left_out & set(parts) or parts[0].startswith(".venv")
+                                       or path.suffix == ".pyc"):
+                archive.write(path, f"{ARCHIVE_FOLDER}/{path.relative_to(ROOT)}")
     return target
 
 

@@ -1,5 +1,5 @@
 """`make gpu-check` without a GPU: the steps it runs and in which order, a step past its time
-limit ended with its processes, what a recorded notebook writes, the README it writes, and a check
+limit ended with its process group, what a recorded notebook writes, the steps it records, and a check
 without CUDA that runs a notebook on the CPU and records nothing. Then how a recording says it was
 made (busy machines, the one label)."""
 import json

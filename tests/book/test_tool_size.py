@@ -9,7 +9,7 @@ import tokenize
 
 from book_files import ROOT
 
-LIMIT = 1300
+LIMIT = 1310
 SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
            tokenize.ENDMARKER}
 
