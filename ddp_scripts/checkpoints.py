@@ -11,6 +11,7 @@ writes run.json. The files' names are in runfiles.py.
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from torch.distributed.fsdp import FSDPModule
 from ddp_scripts.cli import HELD_FOLDERS, RunStopped, UsageError, say
 from ddp_scripts.devices import say_device
 from ddp_scripts.ranks import on_rank_0, world_size
-from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY
+from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY
 
 try:
     import fcntl
@@ -116,6 +117,8 @@ def start_out_dir(args, checkpoint):
     if checkpoint is None:  # --overwrite: the replaced run's files would look like ours
         (out / SUMMARY).unlink(missing_ok=True)
         (out / CHECKPOINT).unlink(missing_ok=True)
+        for suffix in ("", ".old", ".next"):  # train_fsdp.py's sharded checkpoint
+            shutil.rmtree(out / (SHARDED_CHECKPOINT + suffix), ignore_errors=True)
     for name in (METRICS, CHECKPOINT, SUMMARY):  # what write_atomically leaves when cut short
         for unfinished in out.glob(f".{name}.tmp*"):
             if unfinished.name.removeprefix(f".{name}.tmp").isdigit():

@@ -40,8 +40,8 @@ def let_go_of_folders():
     remove the folders the claim made if the script left nothing in them."""
     for descriptor, made, lock in HELD_FOLDERS.values():
         if descriptor is not None:
-            try:
-                if os.path.samestat(os.fstat(descriptor), os.stat(lock)):  # not another run's
+            try:  # the file it locked, empty as it made it: not another run's or program's
+                if os.path.samestat(mine := os.fstat(descriptor), os.stat(lock)) and not mine.st_size:
                     lock.unlink()
             except FileNotFoundError:
                 pass
@@ -52,6 +52,17 @@ def let_go_of_folders():
             except OSError:
                 break
     HELD_FOLDERS.clear()
+
+
+def leave_the_group():
+    """A DDP run that stops early leaves its process group too, as train_ddp.py does at its
+    end: left open, gloo's threads could abort the process as it exits."""
+    dist = sys.modules.get("torch.distributed")  # imported by the script, if it uses one
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # after a lost peer, say: the run's own error is the one to show
+            pass
 
 
 # Set to 1 by the book's launcher and tests only: a run that succeeds then ends with
@@ -74,6 +85,7 @@ def run_cli(main):
         except RuntimeError as error:  # gloo's, if another rank ended first: then one line
             raise peer_lost(error)  # noqa: B904 (the error itself, or a one-line RunStopped)
         finally:  # the process may go on (a test runs the script in its own process)
+            leave_the_group()
             let_go_of_folders()
             signal.signal(signal.SIGTERM, previous)
     except NothingToDo as error:

@@ -16,6 +16,7 @@ Everything that takes an FSDP model or its optimizer is a collective: every rank
 import json
 import os
 import shutil
+import textwrap
 from pathlib import Path
 
 import torch
@@ -130,7 +131,7 @@ def resume_from(checkpoint, model, optimizer, out):
         dcp.load(state, checkpoint_id=folder)  # fills them in place
     except (Exception, dcp.CheckpointException) as error:  # DCP: the same on every rank
         raise UsageError(f"cannot read the sharded checkpoint {folder}: "
-                         f"{first_failure(error)[:200]}; pass --overwrite to start again") from None
+                         f"{textwrap.shorten(first_failure(error), 200)}; pass --overwrite to start again") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"])
     say(f"resuming after epoch {checkpoint['epoch']} from {out} (saved by "

@@ -101,6 +101,8 @@ def start_again_without_checkpoint(out):
         held = f"epochs {logged}" if logged else f"a {SUMMARY}"
         raise UsageError(f"{out} holds {held} but no {CHECKPOINT}: restore it, "
                          "or pass --overwrite to start again")
+    else:
+        say(f"{out} holds no run to resume: training from epoch 1")
     return None
 
 
