@@ -56,9 +56,12 @@ def hold(lock):
     while True:
         try:
             descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-        except FileNotFoundError:  # OUT, empty, removed by a run that made it and ended
-            lock.parent.mkdir(parents=True, exist_ok=True)
-            continue
+        except OSError as error:
+            if not lock.parent.exists():  # OUT, empty, removed by a run that made it and ended
+                lock.parent.mkdir(parents=True, exist_ok=True)
+                continue
+            from ddp_scripts.mishaps import cannot_write  # .lock a folder, or a broken link
+            raise cannot_write("--out", lock.parent, error) from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (OSError, AttributeError) as error:  # held (BlockingIOError), or no flock here
@@ -118,11 +121,19 @@ def start_out_dir(args, checkpoint):
         (out / SUMMARY).unlink(missing_ok=True)
         (out / CHECKPOINT).unlink(missing_ok=True)
         for suffix in ("", ".old", ".next"):  # train_fsdp.py's sharded checkpoint
-            shutil.rmtree(out / (SHARDED_CHECKPOINT + suffix), ignore_errors=True)
+            remove(out / (SHARDED_CHECKPOINT + suffix))
     for name in (METRICS, CHECKPOINT, SUMMARY):  # what write_atomically leaves when cut short
         for unfinished in out.glob(f".{name}.tmp*"):
             if unfinished.name.removeprefix(f".{name}.tmp").isdigit():
                 unfinished.unlink(missing_ok=True)
+
+
+def remove(path):
+    """A file, a link (not what it points to) or a folder with all it holds, if there."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 def append_metrics(out, record):

@@ -56,7 +56,9 @@ def let_go_of_folders():
 
 def leave_the_group():
     """A DDP run that stops early leaves its process group too, as train_ddp.py does at its
-    end: left open, gloo's threads could abort the process as it exits."""
+    end: left open, gloo's threads could abort the process as it exits. Called once this
+    rank's error file is written, so that torchrun and the launcher, which name the rank
+    whose error came first, name this one, not a peer that lost it."""
     dist = sys.modules.get("torch.distributed")  # imported by the script, if it uses one
     if dist is not None and dist.is_available() and dist.is_initialized():
         try:
@@ -85,12 +87,12 @@ def run_cli(main):
         except RuntimeError as error:  # gloo's, if another rank ended first: then one line
             raise peer_lost(error)  # noqa: B904 (the error itself, or a one-line RunStopped)
         finally:  # the process may go on (a test runs the script in its own process)
-            leave_the_group()
             let_go_of_folders()
             signal.signal(signal.SIGTERM, previous)
     except NothingToDo as error:
         if not rank:
             say(str(error))
+        leave_the_group()
         sys.exit(0)
     except (UsageError, RunStopped) as error:
         from ddp_scripts.runfiles import write_error_file  # for torchrun and the launcher
@@ -98,12 +100,14 @@ def run_cli(main):
         sys.stderr.write(f"{tag(rank)}error: {error}\n")  # one write: see say()
         sys.stderr.flush()
         write_error_file(error, exit_code=status, rank=rank, with_stack=False)
+        leave_the_group()  # after the error file: a peer that then loses us writes its own later
         sys.exit(status)
     except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM (Terminated)
         end_interrupted(error, tag(rank))
     except Exception as error:
         from ddp_scripts.runfiles import write_error_file
         write_error_file(error, exit_code=1, rank=rank)
+        leave_the_group()
         raise
     if os.environ.get(FAST_EXIT) == "1":
         sys.stdout.flush()

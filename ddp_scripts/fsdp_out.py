@@ -74,7 +74,8 @@ def prepare_out_dir(args, global_batch_size):
                     else "restore it")
             raise UsageError(f"{out} holds epochs {logged_epochs(out)} but no sharded checkpoint "
                              f"({folder} is missing): {hint}, or pass --overwrite")
-        return None  # nothing to resume: start fresh, as the other scripts do
+        say(f"{out} holds no run to resume: training from epoch 1")  # as the other scripts do
+        return None
     try:
         info = json.loads((folder / CHECKPOINT_INFO).read_text())
         info["epoch"]
@@ -116,7 +117,7 @@ def start_out_dir(args, checkpoint):
     (out / CHECKPOINT).unlink(missing_ok=True)
     stale = [".next", ".old"] + ([""] if checkpoint is None else [])
     for suffix in stale:  # a save cut short, or the checkpoint of a run now overwritten
-        shutil.rmtree(out / (SHARDED_CHECKPOINT + suffix), ignore_errors=True)
+        checkpoints.remove(out / (SHARDED_CHECKPOINT + suffix))
 
 
 def resume_from(checkpoint, model, optimizer, out):

@@ -30,7 +30,7 @@ from ddp_scripts.launcher import LaunchError, failure, run_command, run_script, 
 from ddp_scripts.options import build_parser
 from ddp_scripts.resume import load_checkpoint
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs, metrics_rows
-from helpers import SMALL, assert_one_line_error, run_in_process
+from helpers import SMALL, assert_one_line_error, run_in_process, run_one_rank
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = [*SMALL, "--device", "cpu"]
@@ -209,6 +209,67 @@ def test_an_overwrite_leaves_no_sharded_checkpoint_of_the_run_it_replaced(tmp_pa
 
 def test_a_resume_with_nothing_to_resume_says_it_starts(tmp_path):
     result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--resume", "--out", tmp_path / "new")
+    assert result.returncode == 0, result.stderr
+    assert f"{tmp_path / 'new'} holds no run to resume: training from epoch 1" in result.stdout
+
+
+def test_a_folder_removed_between_its_making_and_its_lock_is_made_again(tmp_path, monkeypatch):
+    """Another run that made OUT, and ended with it empty, removes it: this run makes it again."""
+    out, real_open, opened = tmp_path / "run", os.open, []
+
+    def open_after_it_went(path, *args):
+        if not opened:
+            opened.append(path)
+            os.rmdir(out)  # the other run's end, between this run's mkdir and its open
+        return real_open(path, *args)
+    monkeypatch.setattr(checkpoints.os, "open", open_after_it_went)
+    checkpoints.claim_out_dir(out)
+    monkeypatch.undo()
+    try:
+        assert (out / checkpoints.LOCK).exists()
+    finally:
+        let_go_of_folders()
+
+
+@pytest.mark.parametrize("lock", ["a link into a folder that is not there", "a folder"])
+def test_a_lock_that_cannot_be_opened_is_one_line(tmp_path, lock):
+    if lock == "a folder":
+        (tmp_path / checkpoints.LOCK).mkdir()
+    else:
+        (tmp_path / checkpoints.LOCK).symlink_to(tmp_path / "nowhere" / "x")
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", tmp_path)
+    assert_one_line_error(result, f"--out {tmp_path} cannot be written")
+
+
+def test_a_save_that_fails_for_another_reason_keeps_its_context(tmp_path, monkeypatch):
+    """Not the disk (no OSError behind it): the error as it was, with what it was raised in."""
+    def broken_save(*args):
+        try:
+            raise KeyError("inner")
+        except KeyError:
+            raise ValueError("not the disk")  # noqa: B904 (its context is the point)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", broken_save)
+    args = build_parser("test").parse_args(["--out", str(tmp_path)])
+    totals = torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64)
+    with pytest.raises(ValueError) as raised:
+        checkpoints.save_epoch(args, 1, None, None, totals, torch.tensor([1.0, 1.0, 2.0]), 1.0, {})
+    assert isinstance(raised.value.__context__, KeyError) and not raised.value.__suppress_context__
+
+
+def test_an_overwrite_removes_a_sharded_checkpoint_that_is_a_link_or_a_file(tmp_path):
+    elsewhere = tmp_path / "big-disk" / "shards"
+    elsewhere.mkdir(parents=True)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / SHARDED_CHECKPOINT).symlink_to(elsewhere)
+    (out / (SHARDED_CHECKPOINT + ".old")).write_text("x")
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--overwrite", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert not list(out.glob(SHARDED_CHECKPOINT + "*")) and elsewhere.exists()  # the link, not its target
+
+
+def test_fsdp_says_too_when_there_is_no_run_to_resume(tmp_path):
+    result = run_one_rank("train_fsdp.py", *RUN, "--epochs", "1", "--resume", "--out", tmp_path / "new")
     assert result.returncode == 0, result.stderr
     assert f"{tmp_path / 'new'} holds no run to resume: training from epoch 1" in result.stdout
 
@@ -476,6 +537,31 @@ def test_the_launcher_names_the_killed_rank_not_the_survivor():
     # a rank that failed on its own is named, not a rank torchrun ended after it
     own = {**survivor, "reason": "UsageError: --out x cannot be written: Not a directory"}
     assert failure(1, [own], [], silent=[1]).rank == 0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("failure", ["UsageError('rank 1 refuses')", "ValueError('rank 1 bug')"])
+def test_the_launcher_names_the_rank_that_stopped_not_the_peer_that_lost_it(tmp_path, failure):
+    """Rank 1 stops alone while rank 0 waits in a collective. Rank 1 leaves the group only
+    after writing its error file, so its file comes first and is the one named."""
+    script = tmp_path / "alone.py"
+    script.write_text(f"""import os, sys
+sys.path.insert(0, {str(ROOT)!r})
+import torch, torch.distributed as dist
+from ddp_scripts.cli import UsageError, run_cli
+
+def main():
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise {failure}
+    dist.all_reduce(torch.ones(1))
+
+run_cli(main)
+""")
+    with pytest.raises(LaunchError) as caught:
+        run_command(torchrun_command(str(script), 2), timeout=120, echo=lambda line: None)
+    assert caught.value.rank == 1, str(caught.value)
+    assert "rank 1 " in str(caught.value).split(":", 1)[1], str(caught.value)
 
 
 @pytest.mark.timeout(300)
