@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from ddp_scripts import checkpoints
 from ddp_scripts.checkpoints import (append_metrics, claim_out_dir, epoch_record, run_identity,
                                     training_settings, write_atomically)
-from ddp_scripts.cli import RunStopped, UsageError, first_line, say
+from ddp_scripts.cli import UsageError, first_line, say
 from ddp_scripts.resume import check_same_training, load_checkpoint, stop_if_nothing_to_do
 from ddp_scripts.runfiles import (CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs,
                                   metrics_rows)
@@ -183,19 +183,15 @@ def save_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_t
             append_metrics(args.out, record)
         save_sharded(args.out, model, optimizer, epoch, args, context["global_batch_size"])
     except (Exception, dcp.CheckpointException) as error:  # DCP: every rank's, on every rank
-        from ddp_scripts.mishaps import os_error_in  # a full disk, say
+        from ddp_scripts.mishaps import cannot_save, os_error_in  # a full disk, say
         cause = os_error_in(error) or next(
             (os_error_in(failed) for failed, _ in getattr(error, "failures", {}).values()
              if os_error_in(failed)), None)
         if cause is None:
             raise
-        folder = Path(args.out) / SHARDED_CHECKPOINT
         if dist.get_rank() == 0:  # the half-written save: resumes only from a whole one
-            shutil.rmtree(folder.with_name(folder.name + ".next"), ignore_errors=True)
-        kept = (f"{SHARDED_CHECKPOINT} of epoch {epoch - 1} is whole: --resume continues from it"
-                if epoch > 1 and folder.exists() else "no checkpoint was saved yet")
-        raise RunStopped(f"cannot save epoch {epoch} in {args.out} ({cause.strerror or cause}); "
-                         f"{kept}") from None
+            shutil.rmtree(Path(args.out) / (SHARDED_CHECKPOINT + ".next"), ignore_errors=True)
+        raise cannot_save(error, args.out, epoch, SHARDED_CHECKPOINT, cause) from None
     if dist.get_rank() == 0:
         say(f"epoch {epoch}/{args.epochs} train_loss={record['train_loss']:.4f} "
             f"test_accuracy={record['test_accuracy']:.4f} samples/s={record['samples_per_s']:.0f}")

@@ -58,14 +58,14 @@ def os_error_in(error):
     return error
 
 
-def cannot_save(error, out, epoch):
-    """A save that failed for want of disk (an OSError behind it) as one line that says what
-    is kept; any other error as it is."""
-    cause = os_error_in(error)
+def cannot_save(error, out, epoch, saved=CHECKPOINT, cause=None):
+    """A save that failed for want of disk (`cause`, an OSError behind it) as one line that
+    says what is kept of `saved`; any other error as it is."""
+    cause = cause or os_error_in(error)
     if cause is None:
         return error
-    kept = (f"{CHECKPOINT} of epoch {epoch - 1} is whole: --resume continues from it"
-            if epoch > 1 and (Path(out) / CHECKPOINT).exists() else "no checkpoint was saved yet")
+    kept = (f"{saved} of epoch {epoch - 1} is whole: --resume continues from it"
+            if epoch > 1 and (Path(out) / saved).exists() else "no checkpoint was saved yet")
     return RunStopped(f"cannot save epoch {epoch} in {out} ({cause.strerror or cause}); {kept}")
 
 
