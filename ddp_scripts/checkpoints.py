@@ -8,6 +8,7 @@ being finite (stop_if_loss_not_finite); resume_from loads that checkpoint into a
 which must train as the saved one did (resume.py). Once the run has finished, write_summary
 writes run.json. The files' names are in runfiles.py.
 """
+import contextlib
 import json
 import math
 import os
@@ -20,7 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
-from ddp_scripts.cli import HELD_FOLDERS, RunStopped, UsageError, say
+from ddp_scripts.cli import HELD_FOLDERS, UsageError, say
 from ddp_scripts.devices import say_device
 from ddp_scripts.ranks import on_rank_0, world_size
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY
@@ -56,22 +57,18 @@ def hold(lock):
     while True:
         try:
             descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as error:
-            if not lock.parent.exists():  # OUT, empty, removed by a run that made it and ended
-                lock.parent.mkdir(parents=True, exist_ok=True)
-                continue
-            from ddp_scripts.mishaps import cannot_write  # .lock a folder, or a broken link
-            raise cannot_write("--out", lock.parent, error) from None
+        except OSError as error:  # OUT removed meanwhile, or .lock a folder or a broken link
+            from ddp_scripts.mishaps import lock_not_opened
+            lock_not_opened(lock, error)  # makes OUT again, or raises
+            continue
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (OSError, AttributeError) as error:  # held (BlockingIOError), or no flock here
             from ddp_scripts.mishaps import not_locked
-            return not_locked(lock.parent, descriptor, error)
-        try:
+            return say(not_locked(lock.parent, descriptor, error))  # None: no descriptor to hold
+        with contextlib.suppress(FileNotFoundError):
             if os.path.samestat(os.fstat(descriptor), os.stat(lock)):
                 return descriptor
-        except FileNotFoundError:
-            pass
         os.close(descriptor)  # a run that held it removed it as it let go: take the new one
 
 
@@ -104,19 +101,16 @@ def prepare_out_dir(args):
 
 
 def start_out_dir(args, checkpoint):
-    """Set up OUT: keep only the epochs the checkpoint has, or start empty (--overwrite).
-
-    After a crash OUT may hold an epoch logged after its checkpoint (trained again, so its
-    line goes), half a line, or the temporary file of an unfinished save: none survives.
-    """
+    """Set up OUT: keep only the epochs the checkpoint has, or start empty (--overwrite). An
+    epoch logged after the checkpoint (trained again), half a line, or the temporary file of
+    an unfinished save, left by a crash: none survives."""
     out = Path(args.out)
     claim_out_dir(out)
     kept = []
     if checkpoint is not None:  # a resume: the epochs logged up to its checkpoint
         from ddp_scripts.runfiles import metrics_rows
         kept = [row for row in metrics_rows(out) if row["epoch"] <= checkpoint["epoch"]]
-    write_atomically(out / METRICS, lambda f: f.write("".join(json.dumps(row) + "\n"
-                                                              for row in kept)), mode="w")
+    write_atomically(out / METRICS, lambda f: f.writelines(json.dumps(row) + "\n" for row in kept), mode="w")
     if checkpoint is None:  # --overwrite: the replaced run's files would look like ours
         (out / SUMMARY).unlink(missing_ok=True)
         (out / CHECKPOINT).unlink(missing_ok=True)
@@ -180,15 +174,13 @@ def stop_if_loss_not_finite(train_totals, epoch):
     """If the loss became nan or inf, stop every rank before anything of the epoch is saved.
     train_totals: (sum of losses, samples, steps before that sum stopped being finite), read
     once per epoch; the ranks agree on the earliest bad step (one all_reduce of one number)."""
-    first_bad_step = (train_totals[2] + 1).where(~train_totals[0].isfinite(), math.inf)
-    first_bad_step = first_bad_step.reshape(1)
+    first_bad_step = (train_totals[2] + 1).where(~train_totals[0].isfinite(), math.inf).reshape(1)
     if dist.is_initialized():
         dist.all_reduce(first_bad_step, op=dist.ReduceOp.MIN)
     step = first_bad_step.item()
     if math.isfinite(step):
-        raise RunStopped(f"the loss became nan or inf at epoch {epoch}, step {step:.0f}: lower "
-                         f"--lr (nothing of epoch {epoch} was saved: the checkpoint, if there "
-                         "is one, holds the epoch before)")
+        from ddp_scripts.mishaps import loss_not_finite
+        raise loss_not_finite(epoch, step)
 
 
 def save_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_time_s, context):
@@ -249,8 +241,7 @@ def run_context(args, device, model, threads, data_source, **levers):
 def write_summary(out, model, device, train_start, args, **extra):
     """OUT/run.json, once the run has finished: times (start-up from the process's start),
     hardware, options; `extra`: more keys to record."""
-    # The machine and the process's age (nvidia-smi, cgroups, /proc): measurement, not the lesson.
-    from ddp_scripts.measure.hardware import describe_hardware, seconds_since_start
+    from ddp_scripts.measure.hardware import describe_hardware, seconds_since_start  # not the lesson
     end = time.perf_counter()
     start = end - seconds_since_start()  # the process's start, on perf_counter's clock
     summary = {"strategy": strategy_of(model), "world_size": world_size(),
@@ -258,8 +249,7 @@ def write_summary(out, model, device, train_start, args, **extra):
                "total_s": end - start, "hardware": describe_hardware(device), "args": vars(args),
                **extra}
     try:
-        write_atomically(Path(out) / SUMMARY, lambda f: f.write(json.dumps(summary, indent=1)),
-                         mode="w")
+        write_atomically(Path(out) / SUMMARY, lambda f: json.dump(summary, f, indent=1), mode="w")
     except OSError as error:  # a full disk, say: the training itself is saved
         from ddp_scripts.mishaps import summary_not_written
         raise summary_not_written(out, error) from None

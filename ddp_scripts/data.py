@@ -78,15 +78,11 @@ def load_datasets(dataset="cifar10", data_dir="data", train_samples=None, test_s
     agree_on_data_source(source, data_dir)
     if isinstance(loaded, RunStopped):  # --no-synthetic-fallback: every rank stops, together
         raise loaded
-    train, test = loaded or synthetic_cifar(train_samples or 50_000, test_samples or 10_000)
-    (x_train, y_train), (x_test, y_test) = train, test
-    if train_samples:
-        x_train, y_train = x_train[:train_samples], y_train[:train_samples]
-    if test_samples:
-        x_test, y_test = x_test[:test_samples], y_test[:test_samples]
-    dtype = getattr(torch, dtype)
-    return (TensorImages(x_train.to(dtype), y_train, source),
-            TensorImages(x_test.to(dtype), y_test, source))
+    (x_train, y_train), (x_test, y_test) = loaded or synthetic_cifar(train_samples or 50_000,
+                                                                     test_samples or 10_000)
+    train, test, dtype = slice(train_samples), slice(test_samples), getattr(torch, dtype)  # None: all
+    return (TensorImages(x_train[train].to(dtype), y_train[train], source),
+            TensorImages(x_test[test].to(dtype), y_test[test], source))
 
 
 def check_batch_fits(batch_size, train_samples):

@@ -11,12 +11,9 @@ from ddp_scripts.cli import UsageError, say
 
 
 def pick_device(requested="auto", local_rank=0):
-    """The device this process trains on. 'auto' means CUDA if present, else CPU.
-
-    Process `local_rank` of a node takes GPU `local_rank`, unless a scheduler (srun, no
-    torchrun) showed it only the one GPU it chose, as cuda:0. Two processes cannot share
-    one GPU under nccl: a local rank with no GPU of its own is an error.
-    """
+    """The device this process trains on; 'auto' means CUDA if present, else CPU. Process
+    `local_rank` of a node takes GPU `local_rank` (nccl cannot share one GPU between two),
+    unless a scheduler (srun, no torchrun) showed it only the one GPU it chose, as cuda:0."""
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda":
@@ -24,8 +21,7 @@ def pick_device(requested="auto", local_rank=0):
             raise UsageError("--device cuda asked for, but this machine has no usable CUDA GPU "
                              "(use --device cpu or --device auto)")
         visible = torch.cuda.device_count()
-        bound_by_scheduler = (os.environ.get("CUDA_VISIBLE_DEVICES")
-                              and "TORCHELASTIC_RUN_ID" not in os.environ)
+        bound_by_scheduler = os.environ.get("CUDA_VISIBLE_DEVICES") and "TORCHELASTIC_RUN_ID" not in os.environ
         if visible == 1 and local_rank > 0 and bound_by_scheduler:
             return torch.device("cuda", 0)  # the one GPU the scheduler bound to this process
         if local_rank >= visible:

@@ -13,6 +13,7 @@ on Linux, even when the kernel itself dies.
 Nothing printed is parsed: progress comes from the run's metrics.jsonl, and a failure from
 the JSON error file each rank writes (ddp_scripts/runfiles.py) in torchrun's --log-dir.
 """
+import atexit
 import contextlib
 import io
 import os
@@ -84,7 +85,10 @@ def torchrun_command(script, nproc=2, script_args=(), port=None, torchrun_args=(
             *torchrun_args, str(SCRIPTS / script), *script_args]
 
 
+# The --log-dir folders torchrun_command made: run_command removes each one it ran; a command
+# run otherwise (subprocess.run, as chapter 8 does) has its folder removed as Python exits.
 _TEMPORARY_LOG_DIRS = set()
+atexit.register(lambda: [shutil.rmtree(folder, ignore_errors=True) for folder in _TEMPORARY_LOG_DIRS])
 
 
 def run_script(script, nproc=None, out=None, timeout=600, progress="auto", torchrun_args=(),

@@ -1,15 +1,101 @@
-"""The rarer ways a run cannot start or go on, each said in one line.
+"""The ways a run cannot start or go on, each said in one line.
 
-Imported inside the branch that meets one, so that a reader who follows a run that goes as
-planned does not read them: a rank that never joined, a folder that cannot be made or is in
-use, a full disk. (Another rank
-that ended first, and SIGTERM, are run_cli's: cli.py.)
+First the errors every script raises (cli.py names them for the scripts): UsageError, bad
+input, exit status 2; RunStopped, a run that cannot go on, 1; NothingToDo, 0. Then the rarer
+ways, each called inside the branch that meets one, so that a reader who follows a run that
+goes as planned does not read them: another rank that ended first, Ctrl-C or SIGTERM, a rank
+that never joined, a folder that cannot be made or is in use, a full disk. end_early is how
+cli.run_cli ends a run whose main() raised. Nothing here imports cli.py, which imports this.
 """
 import os
+import signal
+import sys
 from pathlib import Path
 
-from ddp_scripts.cli import RunStopped, UsageError, first_line, say
-from ddp_scripts.runfiles import (CHECKPOINT, METRICS, SUMMARY)
+from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY, write_error_file
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line on stderr, exit status 2, no traceback."""
+
+
+class RunStopped(Exception):
+    """The run cannot go on (its loss stopped being finite): one line on stderr, exit status 1."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, torchrun or a job scheduler ending the run): handled as Ctrl-C is."""
+
+
+class NothingToDo(Exception):
+    """The run has nothing to do (a resume of a finished run): one line, exit status 0."""
+
+
+def first_line(error):
+    """An exception's message in one line, for a one-line error or announcement."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def end_early(error, say):
+    """End a run whose main() raised `error` as cli.run_cli says, with one line and an exit
+    status; return (for run_cli to re-raise it) an error that is none of those it names.
+    `say`: cli.say, for rank 0's line about a NothingToDo."""
+    rank = os.environ.get("RANK")  # checked by ranks.require_torchrun, if the script needs it
+    rank = int(rank) if rank and rank.isdigit() else None
+    tag = f"[rank {rank}] " if rank is not None else ""
+    if isinstance(error, RuntimeError):  # gloo's, if another rank ended first: then one line
+        error = peer_lost(error)
+    if isinstance(error, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (Terminated)
+        end_interrupted(error, tag)
+    if isinstance(error, NothingToDo):
+        if not rank:
+            say(str(error))
+        leave_the_group()
+        sys.exit(0)
+    if isinstance(error, (UsageError, RunStopped)):  # the error file: for torchrun and the launcher
+        status = 2 if isinstance(error, UsageError) else 1
+        sys.stderr.write(f"{tag}error: {error}\n")  # one write: see cli.say()
+        sys.stderr.flush()
+        write_error_file(error, exit_code=status, rank=rank, with_stack=False)
+        leave_the_group()  # after the error file: a peer that then loses us writes its own later
+        sys.exit(status)
+    write_error_file(error, exit_code=1, rank=rank)
+    leave_the_group()
+
+
+def peer_lost(error):
+    """gloo's error when another rank's process ended in a collective, as one line."""
+    if not any(text in str(error) for text in ("Connection reset by peer", "Connection closed by peer")):
+        return error
+    return RunStopped(f"another rank ended first ({type(error).__name__}: "
+                      f"{first_line(error).split('. ')[0]}); its own output says why; the last "
+                      "checkpoint saved, if any, is whole")
+
+
+def end_interrupted(error, tag):
+    """Ctrl-C or SIGTERM: one line. Ctrl-C exits with 130; SIGTERM ends the process by
+    SIGTERM itself, as torchrun and shells expect (143 in a shell, -15 in Python)."""
+    how = "SIGTERM" if isinstance(error, Terminated) else "Ctrl-C"
+    sys.stderr.write(f"{tag}interrupted ({how}); the last checkpoint saved, if any, is whole\n")
+    sys.stderr.flush()
+    if isinstance(error, Terminated):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+    sys.exit(130)
+
+
+def leave_the_group():
+    """A DDP run that stops early leaves its process group too, as train_ddp.py does at its
+    end: left open, gloo's threads could abort the process as it exits. Called once this
+    rank's error file is written, so that torchrun and the launcher, which name the rank
+    whose error came first, name this one, not a peer that lost it."""
+    dist = sys.modules.get("torch.distributed")  # imported by the script, if it uses one
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # after a lost peer, say: the run's own error is the one to show
+            pass
 
 
 def ranks_missing(error, timeout_s):
@@ -29,6 +115,14 @@ def cannot_write(option, path, error):
     return UsageError(f"{option} {path} cannot be written: {reason}{where}")
 
 
+def lock_not_opened(lock, error):
+    """OUT/.lock could not be opened: make OUT again if another run removed it (empty, as
+    the run that made it ended), else raise the UsageError (checkpoints.hold)."""
+    if lock.parent.exists():  # .lock a folder, or a broken link
+        raise cannot_write("--out", lock.parent, error) from None
+    lock.parent.mkdir(parents=True, exist_ok=True)
+
+
 def cannot_make(out, error):
     """The UsageError for an --out that cannot be made or written (checkpoints.claim_out_dir)."""
     if out.is_symlink() and not out.exists():
@@ -40,14 +134,14 @@ def cannot_make(out, error):
 
 def not_locked(out, descriptor, error):
     """OUT/.lock held by another run: the UsageError that refuses this one. No lock to be had
-    (a file system without flock, or no fcntl on Windows): said in one line, and the run
-    goes on unlocked (returns None, the descriptor to hold)."""
+    (a file system without flock, or no fcntl on Windows): the line to say, and the run goes
+    on unlocked (checkpoints.hold)."""
     os.close(descriptor)
     if isinstance(error, BlockingIOError):
         raise UsageError(f"{out} is in use by another run, still running: wait for it to end, "
                          "or choose another --out")
     reason = "no flock here" if isinstance(error, AttributeError) else error.strerror or error
-    say(f"{out} cannot be locked ({reason}): nothing stops another run from writing there")
+    return f"{out} cannot be locked ({reason}): nothing stops another run from writing there"
 
 
 def os_error_in(error):
@@ -67,6 +161,13 @@ def cannot_save(error, out, epoch, saved=CHECKPOINT, cause=None):
     kept = (f"{saved} of epoch {epoch - 1} is whole: --resume continues from it"
             if epoch > 1 and (Path(out) / saved).exists() else "no checkpoint was saved yet")
     return RunStopped(f"cannot save epoch {epoch} in {out} ({cause.strerror or cause}); {kept}")
+
+
+def loss_not_finite(epoch, step):
+    """The RunStopped for a loss that became nan or inf (checkpoints.stop_if_loss_not_finite)."""
+    return RunStopped(f"the loss became nan or inf at epoch {epoch}, step {step:.0f}: lower "
+                      f"--lr (nothing of epoch {epoch} was saved: the checkpoint, if there "
+                      "is one, holds the epoch before)")
 
 
 def summary_not_written(out, error):

@@ -86,8 +86,7 @@ def build_parser(description):
                    help="float32 as TF32 on Ampere and newer GPUs: faster, about 3 decimal digits")
     p.add_argument("--timeout-s", type=seconds, default=600,
                    help="DDP: how long a collective waits for the other ranks before failing")
-    # The source article's launcher, python -m torch.distributed.launch, passes this option
-    # to every process; torchrun sets the LOCAL_RANK variable instead.
+    # torch.distributed.launch's option (the source article's launcher): see check_args
     p.add_argument("--local-rank", "--local_rank", type=non_negative_int, default=None, help=argparse.SUPPRESS)
     return p
 
@@ -104,7 +103,7 @@ def check_args(args):
     number alone is checked as it is read: see the types above build_parser)."""
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite contradict each other: pick one")
-    if args.local_rank is not None:  # started by torch.distributed.launch, the article's way
+    if args.local_rank is not None:  # passed by torch.distributed.launch (torchrun sets LOCAL_RANK)
         from ddp_scripts.mishaps import launched_the_old_way
         launched_the_old_way(args.local_rank)
     set_precision(args.tf32)

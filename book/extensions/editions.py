@@ -24,8 +24,8 @@ def add_switch_to_header(app, config):
     config.templates_path = [*config.templates_path, str(Path(__file__).with_name("templates"))]
     header = ["edition-switch.html", "article-header-buttons.html"]   # the switch, then the theme's
     options = {**(config.html_theme_options or {}), "article_header_end": header}
-    if config.book_edition == "zh":
-        options["search_bar_text"] = THEME_WORDS_ZH["Search this book..."]
+    if "Search this book..." in config.theme_words:   # jupyter-book sets it in English
+        options["search_bar_text"] = config.theme_words["Search this book..."]
     config.html_theme_options = options
 
 
@@ -76,34 +76,19 @@ class ChineseSearch(zh.SearchChinese):
         self.latin_terms = LatinTerms()
 
 
-# The theme's words that its Chinese catalogues (sphinx-book-theme 1.3, pydata-sphinx-theme
-# 0.17, Sphinx 7.4) leave in English or give in traditional characters, and the search box's
-# text, which jupyter-book sets in English.
-THEME_WORDS_ZH = {
-    "Repository": "仓库", "Source repository": "仓库", "Source repositories": "仓库",
-    "Open issue": "提交问题", "Open an issue": "提交问题", "Launch interactive content": "运行本章",
-    "Launch on": "打开于", "Color mode": "配色", "Light": "浅色", "Dark": "深色",
-    "System Settings": "跟随系统", "Download this page": "下载本页", "Fullscreen mode": "全屏",
-    "Print to PDF": "打印为 PDF", "Search": "搜索", "Search this book...": "搜索本书……",
-    "Contents": "目录", "Back to top": "回到顶部", "Site navigation": "本书目录",
-    "Section Navigation": "本页目录", "previous": "上一页", "next": "下一页",
-    "Skip to main content": "跳到正文", "Link to this heading": "指向本节的链接",
-    "Link to this image": "指向本图的链接", "Link to this table": "指向本表的链接",
-    "Link to this code": "指向本段代码的链接", "Link to this equation": "指向本公式的链接",
-}
-
-
 def theme_words_in_chinese(app):
-    """The Chinese edition's theme words, put into the catalogues the themes and the templates'
-    _() ask, in place: the templates hold the "sphinx" catalogue already, and both are .mo files
-    of the pinned packages (a catalogue without one fails here, not silently)."""
-    if app.config.book_edition == "zh":
+    """The edition's theme words (its _config.yml's `theme_words`), put into the catalogues the
+    themes and the templates' _() ask, in place: the templates hold the "sphinx" catalogue
+    already, and both are .mo files of the pinned packages (a catalogue without one fails
+    here, not silently)."""
+    if app.config.theme_words:
         for catalog in ("sphinx", "booktheme"):
-            locale.init([], app.config.language, catalog)[0]._catalog.update(THEME_WORDS_ZH)
+            locale.init([], app.config.language, catalog)[0]._catalog.update(app.config.theme_words)
 
 
 def setup(app):
     app.add_config_value("book_edition", "en", "html")
+    app.add_config_value("theme_words", {}, "html")
     app.add_search_language(EnglishSearch)
     app.add_search_language(ChineseSearch)
     app.add_js_file("figures.js")   # every figure a link to its full-size image (book/theme/)

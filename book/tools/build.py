@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+import zipfile
 from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,6 +42,9 @@ SIDE_BY_SIDE = 2
 # The repository as a zip beside how-to-run in each edition (its pages link it), unpacking
 # into one folder.
 SOURCE_ARCHIVE, ARCHIVE_FOLDER = "book-source.zip", "pytorch-gpu-book"
+# What a copy without git leaves out of it: what the build and the runs write.
+ARCHIVE_LEAVES_OUT = {".git", "_build", "data", "runs", "__pycache__", ".ipynb_checkpoints", ".pytest_cache",
+                      ".ruff_cache", ".offline-assets", ".gpu-wheels"}
 LAUNCH = re.compile(r"\b(run_script|run_command|Popen)\(")
 
 # timings: the nbmake timings its execution-times page shows (the English ones, for both).
@@ -165,30 +169,21 @@ def execute(edition):
 
 def source_archive(target):
     """The repository's files as this build reads them, in a zip for readers who can open the
-    site but not the repository: its committed files at HEAD with the working tree's changes
-    to them (`git stash create` makes that commit without touching anything). Returns target."""
-    def git(*args):
-        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
-        if done.returncode:
-            raise ToolError(f"git {args[0]} failed: {done.stderr.strip()}")
-        return done.stdout.strip()
-    if not (ROOT / ".git").exists():   # unpacked from this archive: a reader's copy
-        return zip_of_the_sources(target)
-    commit = git("stash", "create") or "HEAD"
-    git("archive", "--format=zip", f"--prefix={ARCHIVE_FOLDER}/", "-o", str(target), commit)
-    return target
-
-
-def zip_of_the_sources(target):
-    """The archive made without git: every file but what the build and the runs write."""
-    import zipfile
-    left_out = {".git", "_build", "data", "runs", "__pycache__", ".ipynb_checkpoints", ".pytest_cache",
-                ".ruff_cache", ".offline-assets", ".gpu-wheels"}
+    site but not the repository: the files git tracks, as they are in the working tree; in a
+    reader's copy unpacked from this zip (no git), every file but what the build and the runs
+    write. Returns target."""
+    if (ROOT / ".git").exists():
+        listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, text=True)
+        if listed.returncode:
+            raise ToolError(f"git ls-files failed: {listed.stderr.strip()}")
+        paths = [ROOT / name for name in listed.stdout.split("\0") if name]
+    else:
+        paths = [path for path in sorted(ROOT.rglob("*"))
+                 if not (ARCHIVE_LEAVES_OUT & set(path.relative_to(ROOT).parts) or path.suffix == ".pyc"
+                         or path.relative_to(ROOT).parts[0].startswith(".venv"))]
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(ROOT.rglob("*")):
-            parts = path.relative_to(ROOT).parts
-            if path.is_file() and not (left_out & set(parts) or parts[0].startswith(".venv")
-                                       or path.suffix == ".pyc"):
+        for path in paths:
+            if path.is_file():   # not a file deleted since its commit
                 archive.write(path, f"{ARCHIVE_FOLDER}/{path.relative_to(ROOT)}")
     return target
 

@@ -9,7 +9,7 @@ import tokenize
 
 from book_files import ROOT
 
-LIMIT = 1310
+LIMIT = 1300
 SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
            tokenize.ENDMARKER}
 

@@ -9,6 +9,7 @@ tests/site/test_chapter_runs.py tests those runs. Each torchrun start costs seco
 cores, so the runs are small and few; every timeout is generous, and every test checks
 something that a broken script or launcher would get wrong.
 """
+import os
 import re
 import signal
 import subprocess
@@ -179,8 +180,9 @@ run_script("train_ddp.py", nproc=2, out={str(out)!r}, timeout=600, progress=Fals
 """
     log = tmp_path / "notebook.log"
     with open(log, "w") as sink:
+        # TMPDIR: a kernel killed outright cannot remove the launcher's temporary log folder
         process = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT, stdout=sink,
-                                   stderr=subprocess.STDOUT)
+                                   stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         deadline = time.monotonic() + 300
         while not logged_epochs(out) and time.monotonic() < deadline and process.poll() is None:

@@ -6,12 +6,14 @@ the launcher's timeout and a stopped notebook ending a hung run (test_faults.py)
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from ddp_scripts import launcher
 from ddp_scripts.launcher import LaunchError, run_command, run_main, run_script, torchrun_command
 from ddp_scripts.mistakes.faults import processes_mentioning
+from helpers import ROOT
 
 
 def test_output_is_streamed_while_the_run_goes_on(tmp_path):
@@ -113,3 +115,15 @@ def test_show_command_echoes_the_command_that_runs(tmp_path, monkeypatch):
     again = subprocess.run(["bash", "-c", line.removeprefix("$ ")], capture_output=True,
                            text=True, timeout=120)
     assert again.stdout.strip() == printed
+
+
+def test_a_log_folder_made_for_a_command_run_elsewhere_is_removed_as_python_exits():
+    """torchrun_command makes a temporary --log-dir; a command not run by run_command (chapter
+    8 runs one with subprocess.run) leaves no folder behind once its Python has exited."""
+    made = subprocess.run([sys.executable, "-c", "from ddp_scripts.launcher import torchrun_command\n"
+                           "command = torchrun_command('train_ddp.py')\n"
+                           "folder = command[command.index('--log-dir') + 1]\n"
+                           "open(folder + '/error.json', 'w').close()\n"
+                           "print(folder)"],
+                          cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    assert made and not Path(made).exists(), made

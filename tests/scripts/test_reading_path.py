@@ -30,8 +30,8 @@ from helpers import SCRIPTS
 
 TRAINING_SCRIPTS = ["train_single.py", "train_dp.py", "train_ddp.py", "train_fast.py", "train_fsdp.py"]
 # Lines of plumbing a learner follows from each script: no more than now
-MOST_READ = {"train_single.py": 620, "train_dp.py": 625, "train_ddp.py": 675, "train_fast.py": 885,
-             "train_fsdp.py": 1085}
+MOST_READ = {"train_single.py": 545, "train_dp.py": 550, "train_ddp.py": 600, "train_fast.py": 810,
+             "train_fsdp.py": 1010}
 
 
 def module_path(name):
@@ -118,6 +118,9 @@ def follow(start, not_counted):
     while todo:
         path, name = todo.pop()
         node = module(path)[0].get(name)
+        if node is None and module(path)[1].get(name, (None, None))[1] is not None:
+            todo.append(module(path)[1][name])  # imported there to be imported from there (cli.py)
+            continue
         if node is None or (path, name) in reached:
             continue
         first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])

@@ -8,8 +8,9 @@ import re
 import subprocess
 
 import pytest
+import yaml
 
-from book_files import HTML, chapters, site_config, toc_entries
+from book_files import HTML, ROOT, chapters, site_config, toc_entries
 
 pytestmark = pytest.mark.xdist_group("browser")
 
@@ -380,13 +381,14 @@ def test_search_finds_all_reduce_however_it_is_spelt(page, server, edition):
 
 
 def test_the_chinese_pages_give_the_theme_s_words_in_chinese(opened):
-    from book.extensions.editions import THEME_WORDS_ZH
+    chinese = yaml.safe_load((ROOT / "book/zh/_config.yml").read_text(encoding="utf-8"))
+    theme_words = chinese["sphinx"]["config"]["theme_words"]
     page = opened("zh/notebooks/05_distributed_data_parallel.html")
     words = page.evaluate("""() => Array.from(document.querySelectorAll(
         '.bd-header-article *, .bd-header *, .bd-sidebar-primary *, .bd-search *'))
         .flatMap(e => ['aria-label', 'title', 'data-bs-title', 'placeholder']
                       .map(name => e.getAttribute(name)))
         .filter(Boolean)""")
-    english = [word for word in words if word in THEME_WORDS_ZH or word.startswith("Launch on")]
+    english = [word for word in words if word in theme_words or word.startswith("Launch on")]
     assert not english, f"the theme's words in English on a Chinese page: {sorted(set(english))}"
-    assert THEME_WORDS_ZH["Search this book..."] in words
+    assert theme_words["Search this book..."] in words
