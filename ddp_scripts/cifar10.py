@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_scripts.cli import RunStopped, first_line, say
+from ddp_scripts.cli import RunStopped, UsageError, first_line, say
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
@@ -193,6 +193,8 @@ def cifar10_or_why(data_dir, fallback):
     """(CIFAR-10's train and test tensors, "cifar10"); if they cannot be had, (None, the
     synthetic fallback's name), said once per node; without fallback, the RunStopped each
     rank raises once the ranks have compared their data sources, and "none"."""
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):  # a mistake, not a fallback
+        raise UsageError(f"--data-dir {data_dir} is a file, not a directory")
     try:
         return downloaded_once(data_dir), "cifar10"
     except Exception as error:  # offline, or a broken download

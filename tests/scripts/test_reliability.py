@@ -417,6 +417,29 @@ def test_a_damaged_shard_names_the_first_rank_s_exception():
         "rank 0: EOFError"
 
 
+
+def test_a_shard_that_cannot_be_read_is_named_however_long_its_folder(tmp_path, monkeypatch):
+    """The line names the file by its name in the folder it has already named: a long path
+    is not dropped whole when the line is shortened to 200 characters."""
+    folder = tmp_path / ("a-long-folder-name-" * 8) / "run" / SHARDED_CHECKPOINT
+
+    def missing_shard(state, checkpoint_id):
+        raise CheckpointException("load failed", {0: (FileNotFoundError(
+            2, "No such file or directory", str(folder / "__0_0.distcp")), None)})
+    monkeypatch.setattr(fsdp_out.dcp, "load", missing_shard)
+    monkeypatch.setattr(fsdp_out, "get_state_dict", lambda model, optimizer: ({}, {}))
+    with pytest.raises(UsageError) as refused:
+        fsdp_out.resume_from({"epoch": 1, "world_size": 1}, None, None, folder.parent)
+    assert "__0_0.distcp" in str(refused.value) and "[...]" not in str(refused.value), refused.value
+
+
+def test_a_data_dir_that_is_a_file_is_one_line_not_a_fallback(tmp_path):
+    (tmp_path / "afile").write_text("")
+    result = run_in_process("train_single.py", "--dataset", "cifar10", "--data-dir", tmp_path / "afile",
+                            "--train-samples", "64", "--test-samples", "64", "--epochs", "1",
+                            "--out", tmp_path / "run")
+    assert_one_line_error(result, f"--data-dir {tmp_path / 'afile'} is a file, not a directory")
+
 # --- torchrun's variables, the error file, the options --------------------------------------
 @pytest.mark.parametrize("env, fragment", [
     ({"LOCAL_RANK": "0"}, "RANK, WORLD_SIZE, LOCAL_WORLD_SIZE not set, although LOCAL_RANK is"),
