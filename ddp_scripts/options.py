@@ -86,7 +86,7 @@ def build_parser(description):
                    help="float32 as TF32 on Ampere and newer GPUs: faster, about 3 decimal digits")
     p.add_argument("--timeout-s", type=seconds, default=600,
                    help="DDP: how long a collective waits for the other ranks before failing")
-    # torch.distributed.launch's option (the source article's launcher): see check_args
+    # The source article's launcher, torch.distributed.launch, passes it; torchrun sets LOCAL_RANK
     p.add_argument("--local-rank", "--local_rank", type=non_negative_int, default=None, help=argparse.SUPPRESS)
     return p
 
