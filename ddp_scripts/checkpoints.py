@@ -65,7 +65,7 @@ def hold(lock):
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except (OSError, AttributeError) as error:  # held (BlockingIOError), or no flock here
             from ddp_scripts.mishaps import not_locked
-            return say(not_locked(lock.parent, descriptor, error))  # None: no descriptor to hold
+            return not_locked(lock.parent, descriptor, error, say)
         with contextlib.suppress(FileNotFoundError):
             if os.path.samestat(os.fstat(descriptor), os.stat(lock)):
                 return descriptor
@@ -110,7 +110,8 @@ def start_out_dir(args, checkpoint):
     if checkpoint is not None:  # a resume: the epochs logged up to its checkpoint
         from ddp_scripts.runfiles import metrics_rows
         kept = [row for row in metrics_rows(out) if row["epoch"] <= checkpoint["epoch"]]
-    write_atomically(out / METRICS, lambda f: f.writelines(json.dumps(row) + "\n" for row in kept), mode="w")
+    write_atomically(out / METRICS, lambda f: f.writelines(json.dumps(row) + "\n" for row in kept),
+                     mode="w")
     if checkpoint is None:  # --overwrite: the replaced run's files would look like ours
         (out / SUMMARY).unlink(missing_ok=True)
         (out / CHECKPOINT).unlink(missing_ok=True)

@@ -193,8 +193,11 @@ def cifar10_or_why(data_dir, fallback):
     """(CIFAR-10's train and test tensors, "cifar10"); if they cannot be had, (None, the
     synthetic fallback's name), said once per node; without fallback, the RunStopped each
     rank raises once the ranks have compared their data sources, and "none"."""
-    if os.path.exists(data_dir) and not os.path.isdir(data_dir):  # a mistake, not a fallback
-        raise UsageError(f"--data-dir {data_dir} is a file, not a directory")
+    folder = Path(data_dir)
+    there = next((path for path in (folder, *folder.parents) if path.exists()), folder)
+    if there.exists() and not there.is_dir():  # a mistake, not a reason to fall back
+        raise UsageError(f"--data-dir {data_dir} is a file, not a directory" if there == folder
+                         else f"--data-dir {data_dir} cannot be made: {there} is a file")
     try:
         return downloaded_once(data_dir), "cifar10"
     except Exception as error:  # offline, or a broken download

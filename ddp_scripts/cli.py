@@ -31,15 +31,13 @@ def let_go_of_folders():
     remove the folders the claim made if the script left nothing in them."""
     for descriptor, made, lock in HELD_FOLDERS.values():
         if descriptor is not None:
-            with contextlib.suppress(FileNotFoundError):  # the file it locked, empty as it made it
+            with contextlib.suppress(FileNotFoundError):  # only the empty file it locked:
                 if os.path.samestat(mine := os.fstat(descriptor), os.stat(lock)) and not mine.st_size:
-                    lock.unlink()  # (not another run's or program's)
+                    lock.unlink()  # not another run's or program's
             os.close(descriptor)  # and with it the lock
-        for folder in made:
-            try:
+        for folder in made:  # deepest first: one the script wrote in stays, and so its parents
+            with contextlib.suppress(OSError):
                 os.rmdir(folder)  # only if empty
-            except OSError:
-                break
     HELD_FOLDERS.clear()
 
 

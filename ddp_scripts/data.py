@@ -80,9 +80,9 @@ def load_datasets(dataset="cifar10", data_dir="data", train_samples=None, test_s
         raise loaded
     (x_train, y_train), (x_test, y_test) = loaded or synthetic_cifar(train_samples or 50_000,
                                                                      test_samples or 10_000)
-    train, test, dtype = slice(train_samples), slice(test_samples), getattr(torch, dtype)  # None: all
-    return (TensorImages(x_train[train].to(dtype), y_train[train], source),
-            TensorImages(x_test[test].to(dtype), y_test[test], source))
+    dtype = getattr(torch, dtype)  # [:None] below: every image
+    return (TensorImages(x_train[:train_samples].to(dtype), y_train[:train_samples], source),
+            TensorImages(x_test[:test_samples].to(dtype), y_test[:test_samples], source))
 
 
 def check_batch_fits(batch_size, train_samples):

@@ -21,7 +21,8 @@ def pick_device(requested="auto", local_rank=0):
             raise UsageError("--device cuda asked for, but this machine has no usable CUDA GPU "
                              "(use --device cpu or --device auto)")
         visible = torch.cuda.device_count()
-        bound_by_scheduler = os.environ.get("CUDA_VISIBLE_DEVICES") and "TORCHELASTIC_RUN_ID" not in os.environ
+        bound_by_scheduler = (os.environ.get("CUDA_VISIBLE_DEVICES")
+                              and "TORCHELASTIC_RUN_ID" not in os.environ)
         if visible == 1 and local_rank > 0 and bound_by_scheduler:
             return torch.device("cuda", 0)  # the one GPU the scheduler bound to this process
         if local_rank >= visible:

@@ -131,7 +131,7 @@ def resume_from(checkpoint, model, optimizer, out):
     try:
         dcp.load(state, checkpoint_id=folder)  # fills them in place
     except (Exception, dcp.CheckpointException) as error:  # DCP: the same on every rank
-        reason = first_failure(error).replace(f"{folder}{os.sep}", "")  # its files by name: short
+        reason = first_failure(error).replace(f"{folder}{os.sep}", "")  # its files by name
         raise UsageError(f"cannot read the sharded checkpoint {folder}: "
                          f"{textwrap.shorten(reason, 200)}; pass --overwrite to start again") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"],

@@ -39,8 +39,8 @@ def first_line(error):
 
 def end_early(error, say):
     """End a run whose main() raised `error` as cli.run_cli says, with one line and an exit
-    status; return (for run_cli to re-raise it) an error that is none of those it names.
-    `say`: cli.say, for rank 0's line about a NothingToDo."""
+    status. An error that is none of those run_cli names gets its error file only, and run_cli
+    then re-raises it. `say`: cli.say, for rank 0's line about a NothingToDo."""
     rank = os.environ.get("RANK")  # checked by ranks.require_torchrun, if the script needs it
     rank = int(rank) if rank and rank.isdigit() else None
     tag = f"[rank {rank}] " if rank is not None else ""
@@ -132,16 +132,16 @@ def cannot_make(out, error):
     return cannot_write("--out", out, error)
 
 
-def not_locked(out, descriptor, error):
+def not_locked(out, descriptor, error, say):
     """OUT/.lock held by another run: the UsageError that refuses this one. No lock to be had
-    (a file system without flock, or no fcntl on Windows): the line to say, and the run goes
-    on unlocked (checkpoints.hold)."""
+    (a file system without flock, or no fcntl on Windows): said in one line (`say`: cli.say),
+    and the run goes on unlocked (returns None, the descriptor to hold)."""
     os.close(descriptor)
     if isinstance(error, BlockingIOError):
         raise UsageError(f"{out} is in use by another run, still running: wait for it to end, "
                          "or choose another --out")
     reason = "no flock here" if isinstance(error, AttributeError) else error.strerror or error
-    return f"{out} cannot be locked ({reason}): nothing stops another run from writing there"
+    say(f"{out} cannot be locked ({reason}): nothing stops another run from writing there")
 
 
 def os_error_in(error):

@@ -439,6 +439,11 @@ def test_a_data_dir_that_is_a_file_is_one_line_not_a_fallback(tmp_path):
                             "--train-samples", "64", "--test-samples", "64", "--epochs", "1",
                             "--out", tmp_path / "run")
     assert_one_line_error(result, f"--data-dir {tmp_path / 'afile'} is a file, not a directory")
+    result = run_in_process("train_single.py", "--dataset", "cifar10", "--data-dir", tmp_path / "afile" / "data",
+                            "--train-samples", "64", "--test-samples", "64", "--epochs", "1",
+                            "--out", tmp_path / "run2")
+    assert_one_line_error(result, f"--data-dir {tmp_path / 'afile' / 'data'} cannot be made: "
+                                  f"{tmp_path / 'afile'} is a file")
 
 # --- torchrun's variables, the error file, the options --------------------------------------
 @pytest.mark.parametrize("env, fragment", [
