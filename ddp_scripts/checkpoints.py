@@ -39,7 +39,7 @@ def claim_out_dir(out):
     exclusive flock on OUT/.lock (a file: NFS shares a file's flock between clients) refuses
     a second run into OUT while this one runs. run_cli lets go, as does the end of the process."""
     out = Path(out)
-    made = [folder for folder in (out, *out.parents) if not folder.exists()]
+    made = [path for path in (out, *out.parents) if not os.path.exists(os.path.realpath(path))]
     probe = out / f".{METRICS}.tmp{os.getpid()}"  # the name write_atomically uses: see start_out_dir
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -242,7 +242,7 @@ def run_context(args, device, model, threads, data_source, **levers):
 def write_summary(out, model, device, train_start, args, **extra):
     """OUT/run.json, once the run has finished: times (start-up from the process's start),
     hardware, options; `extra`: more keys to record."""
-    from ddp_scripts.measure.hardware import describe_hardware, seconds_since_start  # not the lesson
+    from ddp_scripts.measure.hardware import describe_hardware, seconds_since_start  # measuring
     end = time.perf_counter()
     start = end - seconds_since_start()  # the process's start, on perf_counter's clock
     summary = {"strategy": strategy_of(model), "world_size": world_size(),

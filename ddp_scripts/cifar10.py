@@ -193,9 +193,9 @@ def cifar10_or_why(data_dir, fallback):
     """(CIFAR-10's train and test tensors, "cifar10"); if they cannot be had, (None, the
     synthetic fallback's name), said once per node; without fallback, the RunStopped each
     rank raises once the ranks have compared their data sources, and "none"."""
-    folder = Path(data_dir)
-    there = next((path for path in (folder, *folder.parents) if path.exists()), folder)
-    if there.exists() and not there.is_dir():  # a mistake, not a reason to fall back
+    folder = Path(data_dir)  # os.path's tests: an unreadable or too long path is not there
+    there = next((path for path in (folder, *folder.parents) if os.path.exists(path)), folder)
+    if os.path.exists(there) and not os.path.isdir(there):  # a mistake, not a reason to fall back
         raise UsageError(f"--data-dir {data_dir} is a file, not a directory" if there == folder
                          else f"--data-dir {data_dir} cannot be made: {there} is a file")
     try:

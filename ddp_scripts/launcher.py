@@ -88,7 +88,12 @@ def torchrun_command(script, nproc=2, script_args=(), port=None, torchrun_args=(
 # The --log-dir folders torchrun_command made: run_command removes each one it ran; a command
 # run otherwise (subprocess.run, as chapter 8 does) has its folder removed as Python exits.
 _TEMPORARY_LOG_DIRS = set()
-atexit.register(lambda: [shutil.rmtree(folder, ignore_errors=True) for folder in _TEMPORARY_LOG_DIRS])
+
+
+@atexit.register
+def _remove_temporary_log_dirs():
+    for folder in _TEMPORARY_LOG_DIRS:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_script(script, nproc=None, out=None, timeout=600, progress="auto", torchrun_args=(),

@@ -43,8 +43,8 @@ SIDE_BY_SIDE = 2
 # into one folder.
 SOURCE_ARCHIVE, ARCHIVE_FOLDER = "book-source.zip", "pytorch-gpu-book"
 # What a copy without git leaves out of it: what the build and the runs write.
-ARCHIVE_LEAVES_OUT = {".git", "_build", "data", "runs", "__pycache__", ".ipynb_checkpoints", ".pytest_cache",
-                      ".ruff_cache", ".offline-assets", ".gpu-wheels"}
+ARCHIVE_LEAVES_OUT = {".git", "_build", "data", "runs", "__pycache__", ".ipynb_checkpoints",
+                      ".pytest_cache", ".ruff_cache", ".offline-assets", ".gpu-wheels"}
 LAUNCH = re.compile(r"\b(run_script|run_command|Popen)\(")
 
 # timings: the nbmake timings its execution-times page shows (the English ones, for both).
@@ -173,14 +173,15 @@ def source_archive(target):
     reader's copy unpacked from this zip (no git), every file but what the build and the runs
     write. Returns target."""
     if (ROOT / ".git").exists():
-        listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, text=True)
+        listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"],
+                                capture_output=True, text=True)
         if listed.returncode:
             raise ToolError(f"git ls-files failed: {listed.stderr.strip()}")
         paths = [ROOT / name for name in listed.stdout.split("\0") if name]
     else:
         paths = [path for path in sorted(ROOT.rglob("*"))
-                 if not (ARCHIVE_LEAVES_OUT & set(path.relative_to(ROOT).parts) or path.suffix == ".pyc"
-                         or path.relative_to(ROOT).parts[0].startswith(".venv"))]
+                 if not (ARCHIVE_LEAVES_OUT & set(parts := path.relative_to(ROOT).parts)
+                         or parts[0].startswith(".venv") or path.suffix == ".pyc")]
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in paths:
             if path.is_file():   # not a file deleted since its commit

@@ -1,17 +1,21 @@
-"""Every `literalinclude` of the pages still finds its code: the file, the `pyobject`, and the
-text its `start-at`, `start-after`, `end-at` and `end-before` name, in that order. The build
-fails on one that does not (`-W`), but only after executing every chapter; this finds it in
-the fast lane, in seconds, when a comment or a function of a companion script changes."""
-import ast
+"""Every `literalinclude` of the pages still finds its code, as Sphinx reads it (its own
+LiteralIncludeReader): the file, copied into the build; the `pyobject`, then the text its
+`start-at`, `start-after`, `end-at` and `end-before` name, in it; and a `dedent` that strips
+only spaces. The build fails on one that does not (`-W`), but only after executing every
+chapter; this finds it in the fast lane, in seconds, when a companion script changes."""
 import json
+from types import SimpleNamespace
 
 import pytest
+from sphinx.directives.code import LiteralIncludeReader
 
+from book.tools.build import SOURCES
 from book.tools.sources import directives
 from book_files import ROOT
 
 PAGES = sorted([*ROOT.glob("notebooks/*.ipynb"), *ROOT.glob("notebooks/zh/*.ipynb"),
                 *ROOT.glob("book/*.md"), *ROOT.glob("book/zh/*.md")])
+NUMBERS = ("dedent", "tab-width")   # the options Sphinx reads as whole numbers
 
 
 def markdown_of(page):
@@ -27,53 +31,63 @@ def includes(page):
     folder = page.parent.parent if page.parent.name == "zh" else page.parent
     for text in markdown_of(page):
         for argument, body, *_ in directives(text, "literalinclude"):
-            options = dict(line.strip()[1:].split(":", 1) for line in body.splitlines()
-                           if line.strip().startswith(":"))
-            yield (folder / argument).resolve(), {key: value.strip() for key, value in options.items()}
+            options = {}
+            for line in body.splitlines():
+                if line.strip().startswith(":"):
+                    key, value = line.strip()[1:].split(":", 1)
+                    options[key] = int(value) if key in NUMBERS else value.strip()
+            yield (folder / argument).resolve(), options
 
 
-def defines(source, dotted):
-    """Whether `source` defines `dotted`, a function or class, or Class.method, as Sphinx's
-    pyobject option names it."""
-    body = ast.parse(source).body
-    for name in dotted.split("."):
-        found = [node for node in body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
-                 and node.name == name]
-        if not found:
-            return False
-        body = found[0].body
-    return True
+def problem(path, options, root=ROOT):
+    """What Sphinx would say of including `path` with `options`, or None."""
+    if not any(path.is_relative_to(root / name) for name in SOURCES):
+        return f"{path}: not in the build's copy of the sources ({', '.join(SOURCES)})"
+    dedent = options.get("dedent")
+    without_dedent = {key: value for key, value in options.items() if key != "dedent"}
+    config = SimpleNamespace(source_encoding="utf-8-sig")   # Sphinx's default
+    reader = LiteralIncludeReader(str(path), without_dedent, config)
+    try:
+        text, _ = reader.read()
+    except (OSError, ValueError) as error:
+        return f"{path.name}: {error}"
+    if dedent and any(line[:dedent].strip() for line in text.splitlines()):
+        return f"{path.name}: :dedent: {dedent} would strip code (Sphinx warns, and -W fails)"
+    return None
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
-def test_every_included_piece_of_code_is_still_there(page):
-    problems = []
-    for path, options in includes(page):
-        if not path.is_file():
-            problems.append(f"{path.relative_to(ROOT)}: no such file")
-            continue
-        source = path.read_text(encoding="utf-8")
-        if "pyobject" in options and not defines(source, options["pyobject"]):
-            problems.append(f"{path.name}: no {options['pyobject']}")
-        start = 0
-        for key in ("start-at", "start-after", "end-at", "end-before"):
-            if key in options:
-                found = source.find(options[key], start)
-                if found < 0:
-                    problems.append(f"{path.name}: {key} {options[key]!r} not found"
-                                    + (" after the start" if start else ""))
-                    break
-                start = found
-    assert not problems, problems
+def test_every_included_piece_of_code_is_still_there(page, root=ROOT):
+    problems = [problem(path, options, root) for path, options in includes(page)]
+    assert not any(problems), [found for found in problems if found]
 
 
-def test_the_check_finds_a_moved_comment(tmp_path):
+BROKEN = [("def f():\n    return 1\n\n\ndef g():\n    pass\n",  # the text, but outside g
+           "start-at pattern not found: return"),
+          ("def f():\n    return 2\n", "Object named 'g' not found"),
+          ("def g():\n  return 2\n", "would strip code")]
+
+
+@pytest.mark.parametrize("broken, said", BROKEN)
+def test_the_check_finds_what_sphinx_would_not(tmp_path, broken, said):
     page = tmp_path / "notebooks" / "page.md"
     page.parent.mkdir()
-    (tmp_path / "code.py").write_text("def f():\n    # why\n    return 1\n")
-    page.write_text("```{literalinclude} ../code.py\n:start-at: # why\n:end-at: return 1\n```\n")
-    assert list(includes(page)) == [((tmp_path / "code.py").resolve(),
-                                      {"start-at": "# why", "end-at": "return 1"})]
-    (tmp_path / "code.py").write_text("def f():\n    return 1\n")
-    with pytest.raises(AssertionError, match="start-at '# why' not found"):
-        test_every_included_piece_of_code_is_still_there(page)
+    code = tmp_path / "notebooks" / "code.py"
+    code.write_text("def f():\n    # why\n    return 1\n\n\ndef g():\n    return 2\n")
+    page.write_text("```{literalinclude} code.py\n:pyobject: g\n:start-at: return\n"
+                    ":dedent: 4\n```\n")
+    assert list(includes(page)) == [(code.resolve(), {"pyobject": "g", "start-at": "return",
+                                                      "dedent": 4})]
+    test_every_included_piece_of_code_is_still_there(page, root=tmp_path)
+    (tmp_path / "notebooks" / "broken.py").write_text(broken)  # Sphinx caches a file's objects
+    page.write_text(page.read_text().replace("code.py", "broken.py"))
+    with pytest.raises(AssertionError, match=said):
+        test_every_included_piece_of_code_is_still_there(page, root=tmp_path)
+
+
+def test_the_check_finds_a_file_the_build_does_not_copy(tmp_path):
+    page = tmp_path / "notebooks" / "page.md"
+    page.parent.mkdir()
+    page.write_text("```{literalinclude} ../Makefile\n```\n")
+    with pytest.raises(AssertionError, match="not in the build's copy"):
+        test_every_included_piece_of_code_is_still_there(page, root=tmp_path)

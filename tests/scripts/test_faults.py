@@ -182,7 +182,8 @@ run_script("train_ddp.py", nproc=2, out={str(out)!r}, timeout=600, progress=Fals
     with open(log, "w") as sink:
         # TMPDIR: a kernel killed outright cannot remove the launcher's temporary log folder
         process = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT, stdout=sink,
-                                   stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": str(tmp_path)})
+                                   stderr=subprocess.STDOUT,
+                                   env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         deadline = time.monotonic() + 300
         while not logged_epochs(out) and time.monotonic() < deadline and process.poll() is None:

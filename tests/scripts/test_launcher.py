@@ -120,7 +120,8 @@ def test_show_command_echoes_the_command_that_runs(tmp_path, monkeypatch):
 def test_a_log_folder_made_for_a_command_run_elsewhere_is_removed_as_python_exits():
     """torchrun_command makes a temporary --log-dir; a command not run by run_command (chapter
     8 runs one with subprocess.run) leaves no folder behind once its Python has exited."""
-    made = subprocess.run([sys.executable, "-c", "from ddp_scripts.launcher import torchrun_command\n"
+    made = subprocess.run([sys.executable, "-c",
+                           "from ddp_scripts.launcher import torchrun_command\n"
                            "command = torchrun_command('train_ddp.py')\n"
                            "folder = command[command.index('--log-dir') + 1]\n"
                            "open(folder + '/error.json', 'w').close()\n"

@@ -435,13 +435,13 @@ def test_a_shard_that_cannot_be_read_is_named_however_long_its_folder(tmp_path, 
 
 def test_a_data_dir_that_is_a_file_is_one_line_not_a_fallback(tmp_path):
     (tmp_path / "afile").write_text("")
-    result = run_in_process("train_single.py", "--dataset", "cifar10", "--data-dir", tmp_path / "afile",
-                            "--train-samples", "64", "--test-samples", "64", "--epochs", "1",
-                            "--out", tmp_path / "run")
+    result = run_in_process("train_single.py", "--dataset", "cifar10", "--data-dir",
+                            tmp_path / "afile", "--train-samples", "64", "--test-samples", "64",
+                            "--epochs", "1", "--out", tmp_path / "run")
     assert_one_line_error(result, f"--data-dir {tmp_path / 'afile'} is a file, not a directory")
-    result = run_in_process("train_single.py", "--dataset", "cifar10", "--data-dir", tmp_path / "afile" / "data",
-                            "--train-samples", "64", "--test-samples", "64", "--epochs", "1",
-                            "--out", tmp_path / "run2")
+    result = run_in_process("train_single.py", "--dataset", "cifar10",
+                            "--data-dir", tmp_path / "afile" / "data", "--train-samples", "64",
+                            "--test-samples", "64", "--epochs", "1", "--out", tmp_path / "run2")
     assert_one_line_error(result, f"--data-dir {tmp_path / 'afile' / 'data'} cannot be made: "
                                   f"{tmp_path / 'afile'} is a file")
 
@@ -751,6 +751,20 @@ def test_the_claim_is_a_lock_on_a_file_which_network_disks_share(tmp_path, monke
     assert capsys.readouterr().out == (f"[rank 0] {tmp_path / 'other'} cannot be locked (No locks "
                                        "available): nothing stops another run from writing there\n")
 
+
+
+def test_letting_go_removes_only_the_folders_the_claim_made(tmp_path):
+    """An --out written with `..` names folders that are not its parents: an empty one that
+    was there stays; "new", which the claim made to get through it, goes."""
+    (tmp_path / "existing").mkdir()
+    checkpoints.claim_out_dir(tmp_path / "new" / ".." / "existing" / ".." / "made" / "run")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["existing", "made", "new"]
+    (tmp_path / "made" / "run" / "metrics.jsonl").write_text("")  # the script wrote there
+    let_go_of_folders()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["existing", "made"]
+    checkpoints.claim_out_dir(tmp_path / "existing" / ".." / "empty")
+    let_go_of_folders()  # nothing written: the folder it made goes, "existing" stays
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["existing", "made"]
 
 def test_a_run_json_that_cannot_be_written_says_the_training_is_saved(tmp_path, monkeypatch):
     real = checkpoints.write_atomically
