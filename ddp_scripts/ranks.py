@@ -2,6 +2,7 @@
 without a process group, so that train_single.py can call the same functions.
 """
 import datetime
+import gc
 import os
 
 import torch
@@ -52,6 +53,16 @@ def init_process_group(device, timeout_s):
         raise ranks_missing(error, timeout_s) from None
     GROUP["timeout_s"] = timeout_s  # a download the other ranks wait for ends well within it
     check_one_gpu_per_rank(device)
+
+
+def leave_process_group():
+    """Leave the group at the end of a run, after `del model`: DDP's C++ Reducer must not hold
+    the group's last reference. If it does, freeing it frees the group with the GIL held, while
+    gloo joins a worker thread that may wait for the GIL to free a finished collective's tensors:
+    on torch 2.11-2.13 the rank then hangs as it exits, deaf to SIGTERM (chapter 8). gc.collect()
+    frees a model held in a reference cycle, which `del` alone leaves alive."""
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def check_one_gpu_per_rank(device):

@@ -9,7 +9,6 @@ import time
 
 import os  # DDP: torchrun's variables
 import torch
-import torch.distributed as dist  # DDP
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP  # DDP
 from torch.utils.data.distributed import DistributedSampler  # DDP
@@ -21,7 +20,8 @@ from ddp_scripts.data import check_batch_fits, load_datasets, make_loader
 from ddp_scripts.models import build_model, evaluate
 from ddp_scripts.checkpoints import prepare_out_dir, resume_from, save_epoch, start_out_dir
 from ddp_scripts.checkpoints import run_context, stop_if_loss_not_finite, write_summary
-from ddp_scripts.ranks import average_buffers, init_process_group, on_rank_0, reduce_sum, require_torchrun  # DDP
+from ddp_scripts.ranks import average_buffers, init_process_group, leave_process_group, on_rank_0  # DDP
+from ddp_scripts.ranks import reduce_sum, require_torchrun  # DDP
 
 
 def train_one_epoch(model, loader, optimizer, device):
@@ -97,7 +97,8 @@ def main():
             say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
             break
     on_rank_0(write_summary, args.out, model, device, train_start, args)  # DDP: one process writes
-    dist.destroy_process_group()  # DDP: leave the group cleanly
+    del model  # DDP: the model goes before its group, or a rank can hang as it exits
+    leave_process_group()  # DDP: leave the group cleanly
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import time
 
 import os  # DDP: torchrun's variables
 import torch
-import torch.distributed as dist  # DDP
+import torch.distributed as dist  # FSDP: init_device_mesh
 import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard  # FSDP: instead of DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler  # DDP
@@ -21,7 +21,8 @@ from ddp_scripts.data import check_batch_fits, load_datasets, make_loader
 from ddp_scripts.models import evaluate  # FSDP: sharding.build_fsdp_model instead of build_model
 from ddp_scripts import fsdp_out, sharding  # FSDP: shards (sharding) and sharded checkpoints (fsdp_out)
 from ddp_scripts.checkpoints import run_context, stop_if_loss_not_finite, write_summary
-from ddp_scripts.ranks import average_buffers, init_process_group, on_rank_0, reduce_sum, require_torchrun  # DDP
+from ddp_scripts.ranks import average_buffers, init_process_group, leave_process_group, on_rank_0  # DDP
+from ddp_scripts.ranks import reduce_sum, require_torchrun  # DDP
 
 
 def train_one_epoch(model, loader, optimizer, device):
@@ -108,7 +109,8 @@ def main():
             break
     fsdp_out.export_full_checkpoint(args, model, optimizer)  # FSDP: rank 0 gathers the whole model
     on_rank_0(write_summary, args.out, model, device, train_start, args)  # DDP: one process writes
-    dist.destroy_process_group()  # DDP: leave the group cleanly
+    del model  # FSDP: the same order as DDP's, though fully_shard holds no Reducer
+    leave_process_group()  # DDP: leave the group cleanly
 
 
 if __name__ == "__main__":
