@@ -8,8 +8,8 @@ import json
 import textwrap
 
 from ddp_scripts.measure import benchmark
-from ddp_scripts.recorders.step_parts import (PARTS, REMAINDER, SPREAD_GROUPS, part_that_grew,
-                                             ratio_from_parts)
+from ddp_scripts.recorders.step_parts import (PARTS, REMAINDER, SPREAD_GROUPS, grew_most,
+                                             part_that_grew, predicted_ratio)
 from notebooks.figures import colour, stacked_bars
 
 # Why a part grows from one process to N with the same threads each, said once, for the
@@ -25,6 +25,16 @@ WHY = {
                                 "reach it, then for the gradients to travel",
     "optimizer": "each process gets less of a core for the optimizer's step",
     REMAINDER: "the loop itself, between the timed phases, took longer",
+}
+# Why a part of the step put together from its parts (step_parts.step_from_parts) grows from
+# one process with every core to N processes that split the cores.
+WHY_GAP = {
+    "compute": "the processes computed their shares of the batch more slowly than one process "
+               "computed all of it with every core",
+    "waiting for the other ranks": "one rank reached the all-reduce first and waited for the "
+                                   "other",
+    "all-reduce not hidden": "backward waited for the gradients to travel, with every rank "
+                             "there, and no computation hid it",
 }
 US = 1e6  # seconds to microseconds
 # A run's wall time less its start-up (from the script's first line) and its epochs: under
@@ -63,18 +73,15 @@ def unreliable(found):
 
 def step_table(runs, cases):
     """One row per case and configuration: the parts and the step in us per sample, the
-    speed, and how much of a core forward got (CPU time over wall time). Where the
-    all-reduce was not timed (NCCL), the table has no column for it, rather than a 0."""
+    speed, and how much of a core forward got (CPU time over wall time)."""
     import pandas as pd
-    rows, untimed = {}, False
+    rows = {}
     for case in cases:
         for name, found in configurations(runs, case).items():
-            untimed |= not found.get("communication timed", True)
             rows[(case, name)] = {**per_sample(found),
                                   "samples/s": found["settings"]["batch_size"] / found["step"],
                                   "forward CPU/wall": found["cpu share"]["forward"]}
-    table = pd.DataFrame(rows).T.rename_axis(["case", "configuration"])
-    return table.drop(columns="communication not hidden") if untimed else table
+    return pd.DataFrame(rows).T.rename_axis(["case", "configuration"])
 
 
 def compared(runs, case):
@@ -125,84 +132,147 @@ def verdict(runs, case):
 
 def why(runs, case, part):
     """WHY[part]; for a part that computes, held to what the clocks measured: forward's CPU
-    time over its wall time (forward waits for no other rank), in one process and in N."""
+    time over its wall time (forward waits for no other rank), in one process and in N. A
+    smaller share of a core is named only where the share fell beyond the range it took over
+    either run's groups of steps, and by enough to show in the two decimals printed."""
     if part not in ("forward", "backward compute", "optimizer"):
         return WHY[part]
-    one, many = (run["cases"][case]["cpu share"]["forward"] for run in compared(runs, case))
-    if many < one:
-        return f"{WHY[part]} (forward's CPU time over its wall time: {one:.2f} -> {many:.2f})"
-    return (f"the step's thread did not get less of a core (forward's CPU time over its wall "
-            f"time: {one:.2f} -> {many:.2f})")
+    one, many = (run["cases"][case] for run in compared(runs, case))
+    before, now = one["cpu share"]["forward"], many["cpu share"]["forward"]
+    (low, high), (low_n, high_n) = (found["cpu share range"]["forward"] for found in (one, many))
+    said = f"forward's CPU time over its wall time: {before:.2f} -> {now:.2f}"
+    if high_n < low and round(now, 2) < round(before, 2):
+        return f"{WHY[part]} ({said})"
+    return (f"not that the step's thread got less of a core ({said}; over the groups of steps "
+            f"of each run {low:.2f}-{high:.2f} and {low_n:.2f}-{high_n:.2f})")
 
 
 def communication_lines(runs, case):
     """Per rank of the N-process run: the all-reduce's time per step, its hidden and exposed
     shares, and the time it spent before the last rank had launched it."""
     _, many = compared(runs, case)
-    if not many["cases"][case].get("communication timed", True):
-        return [f"  all-reduce not split: {many['cases'][case]['communication untimed']}."]
+    found = many["cases"][case]
+    clock = {"CUDA events": " (timed with CUDA events)"}.get(found.get("all-reduce clock"), "")
     lines = []
-    for rank, found in enumerate(many["cases"][case]["ranks"]):
-        comm = found["communication"]
+    for rank, breakdown in enumerate(found["ranks"]):
+        comm = breakdown["communication"]
         total = comm["total"] * 1e3
         shares = (f"hidden {comm['hidden'] / comm['total']:.0%}, exposed "
                   f"{comm['exposed'] / comm['total']:.0%}" if comm["total"] else "none")
-        lines.append(f"  rank {rank}: all-reduce {total:.2f} ms per step in "
+        lines.append(f"  rank {rank}: all-reduce{clock} {total:.2f} ms per step in "
                      f"{comm['buckets']:.0f} bucket(s): {shares}; "
                      f"{comm['waiting for other ranks'] * 1e3:.2f} ms of it before the "
                      "last rank had launched it")
     return lines
 
 
-def ratio_from_parts_lines(results, runs, case="batch 64"):
-    """The benchmark's DDP/CPU ratio (its results file) beside the one the step's parts give
-    (ratio_from_parts), with a sentence written from the two numbers."""
-    one_thread, many = compared(runs, case)
-    one_all = max((run for run in runs.values() if run["processes"] == 1 and case in run["cases"]),
-                  key=lambda run: run["cases"][case]["settings"]["threads_per_process"])
+def benchmark_ratio(results, many, case):
+    """The benchmark's ratio that the step's runs measure again, on equal work: ddp over cpu
+    when the step's runs ran on the CPU, ddp over gpu on GPUs. ({"ratio", "words", "spreads"
+    (base's, ddp's)}, None), or (None, why there is none to compare)."""
     table = benchmark.results_table(results)
-    ddp = table.loc["ddp"] if "ddp" in table.index else None
-    parts = ratio_from_parts(many, one_thread, one_all, case)
-    lines = [f"Step parts, {case}, speeds over {label(one_thread, case)}: "
-             f"{label(many, case)} {parts['processes gain']:.2f}x, {label(one_all, case)} "
-             f"{parts['threads gain']:.2f}x; {parts['processes gain']:.2f} / "
-             f"{parts['threads gain']:.2f} = {parts['ratio']:.2f}x."]
-    if ddp is None or ddp["status"] != "measured" or ddp["gpus"] > 0:
-        why = "skipped" if ddp is None or ddp["status"] != "measured" else "run on GPUs"
-        lines.insert(0, f"Benchmark: its ddp row was {why}: no CPU ratio to take apart.")
+    on_gpus = many["device"].startswith("cuda")
+    base, column = ("gpu", "x 1 GPU") if on_gpus else ("cpu", "x CPU")
+    for config in (base, "ddp"):
+        if config not in table.index or table.loc[config, "status"] != "measured":
+            return None, f"its {config} row was not measured"
+    ddp = table.loc["ddp"]
+    if (ddp["gpus"] > 0) != on_gpus:
+        return None, (f"its ddp row ran on {'GPUs' if ddp['gpus'] else 'the CPU'}, the step's "
+                      f"runs on {'GPUs' if on_gpus else 'the CPU'}")
+    if ddp["processes"] != many["processes"]:
+        return None, (f"its ddp row ran {ddp['processes']:.0f} processes, the step's runs "
+                      f"{many['processes']}")
+    batch = many["cases"][case]["settings"]["batch_size"]
+    if results["settings"]["batch_size"] != batch:
+        return None, (f"its global batch was {results['settings']['batch_size']}, the step's "
+                      f"{batch}")
+    words = (f"Benchmark (steady epochs, global batch {batch}): ddp, {ddp['processes']:.0f} "
+             f"processes x {ddp['threads/process']:.0f} thread(s), {ddp[column]:.2f}x the "
+             f"speed of the {base} run; their steady epochs spread {table.loc[base, 'spread']:.2f}x "
+             f"({base}) and {ddp['spread']:.2f}x (ddp)")
+    return {"ratio": float(ddp[column]), "words": words, "base": base,
+            "spreads": [float(table.loc[base, "spread"]), float(ddp["spread"])]}, None
+
+
+def agreement(measured, predicted, spreads):
+    """("agree" | "disagree on the direction" | "disagree on the size", how many times apart
+    the two ratios are, the bound): a ratio of two runs can be off by their two spreads
+    multiplied (each run's speed moved that much while it ran), so two such ratios by all
+    their runs' spreads multiplied. They agree only when both say the same direction (faster
+    or slower) and are no further apart than that."""
+    apart = max(measured, predicted) / min(measured, predicted)
+    bound = 1.0
+    for value in spreads:
+        bound *= value
+    if (measured < 1) != (predicted < 1):
+        return "disagree on the direction", apart, bound
+    return ("agree" if apart <= bound else "disagree on the size"), apart, bound
+
+
+def ratio_from_parts_lines(results, runs, case="batch 64"):
+    """The benchmark's ratio (its results file) beside the one the step's parts predict
+    (step_parts.predicted_ratio: N processes against one process with every core, each step
+    put together from its measured parts), with the verdict on the two and the part that
+    grew most between the two runs."""
+    _, many = compared(runs, case)
+    one = max((run for run in runs.values() if run["processes"] == 1 and case in run["cases"]),
+              key=lambda run: run["cases"][case]["settings"]["threads_per_process"])
+    batch = many["cases"][case]["settings"]["batch_size"]
+    parts = predicted_ratio(many, one, case)
+    per_sample_ = {side: {part: value * US / batch for part, value in parts[side].items()}
+                   for side in ("one", "many")}
+    spreads = [one["cases"][case]["spread"], many["cases"][case]["spread"]]
+    lines = [f"Step parts, {case}, put together from the measured parts, us per sample (the "
+             f"loop and the timers left out):"]
+    for side, run in (("one", one), ("many", many)):
+        values = per_sample_[side]
+        shown = [f"{part} {value:.2f}" for part, value in values.items()
+                 if part == "compute" or value]
+        lines.append(f"  {label(run, case)}: {' + '.join(shown)} = {sum(values.values()):.2f}")
+    lines.append(f"  predicted ratio: {sum(per_sample_['one'].values()):.2f} / "
+                 f"{sum(per_sample_['many'].values()):.2f} = {parts['ratio']:.2f}x; their "
+                 f"steps spread {spreads[0]:.2f}x and {spreads[1]:.2f}x")
+    gap = {part: per_sample_["many"][part] - per_sample_["one"].get(part, 0.0)
+           for part in per_sample_["many"]}
+    part, by = grew_most(per_sample_["one"], per_sample_["many"])
+    grown = (f"the part that grew most: {part} (+{by:.2f}): {WHY_GAP[part]}" if round(by, 2) > 0
+             else "no part grew")
+    lines.append(f"  From {label(one, case)} to {label(many, case)}: " +
+                 ", ".join(f"{name} {value:+.2f}" for name, value in gap.items()) +
+                 f" us per sample; {grown}.")
+    bench, why_not = benchmark_ratio(results, many, case)
+    if bench is None:
+        lines.insert(0, f"Benchmark: {why_not}: no ratio of its to compare.")
         return lines
-    bench = float(ddp["x CPU"])
-    lines.insert(0, f"Benchmark (steady epochs, global batch {results['settings']['batch_size']}):"
-                    f" ddp, {ddp['processes']:.0f} processes x {ddp['threads/process']:.0f} "
-                    f"thread(s), {bench:.2f}x the speed of the cpu run" +
-                    (" (unreliable: see its table)." if ddp["ratios"] == "unreliable" else "."))
+    lines.insert(0, bench["words"] + ".")
     shaky = [f"{label(run, case)}{unreliable(run['cases'][case])}"
-             for run in (many, one_thread, one_all) if unreliable(run["cases"][case])]
+             for run in (one, many) if unreliable(run["cases"][case])]
+    shaky += [f"the benchmark's {config} row (spread {value:.2f}x, more than "
+              f"{benchmark.RELIABLE_SPREAD}x)" for config, value
+              in zip((bench["base"], "ddp"), bench["spreads"])
+              if value > benchmark.RELIABLE_SPREAD]
     if shaky:
-        lines.append("Step parts: " + "; ".join(shaky) + ".")
-    if (bench < 1) == (parts["ratio"] < 1):
-        side = "slower" if bench < 1 else "faster"
-        lines.append(f"Both say the processes are {side} than one process with every core"
-                     + (": one process gains more from its extra threads than from a second "
-                        "process." if bench < 1 else "."))
-    else:
-        lines.append("The two disagree on the direction: the machine's load changed between "
-                     "the runs, or the epochs' other work (loading, evaluation) weighs in.")
-    apart = max(bench, parts["ratio"]) / min(bench, parts["ratio"])
-    if apart <= benchmark.RELIABLE_SPREAD:
-        lines.append(f"The two ratios are {apart:.2f}x apart: within the "
-                     f"{benchmark.RELIABLE_SPREAD}x the benchmark allows between the epochs "
-                     "of one run, they agree.")
+        lines.append("Not compared: " + "; ".join(shaky) + ": the benchmark compares no "
+                     "ratio with such a speed in it.")
+        return lines
+    said, apart, bound = agreement(bench["ratio"], parts["ratio"], [*bench["spreads"], *spreads])
+    side = "slower" if parts["ratio"] < 1 else "faster"
+    single = "on one GPU" if bench["base"] == "gpu" else "with every core"
+    if said == "agree":
+        lines.append(f"The two ratios, {bench['ratio']:.2f}x and {parts['ratio']:.2f}x, are "
+                     f"{apart:.2f}x apart; the four runs' spreads multiplied allow {bound:.2f}x: "
+                     f"they agree. Both say the processes are {side} than one process "
+                     f"{single}.")
         return lines
     load = max(run["load_average"][0] for run in runs.values())
     cores = min(run["usable_cores"] for run in runs.values())
-    said = (f"under this load (load average up to {load:.2f} on {cores} cores) they disagree "
-            "on the size: each run got what the other work left it" if load > cores else
-            f"they disagree on the size, on a machine not overloaded (load average up to "
-            f"{load:.2f} on {cores} cores)")
-    lines.append(f"The two ratios are {apart:.2f}x apart, more than the "
-                 f"{benchmark.RELIABLE_SPREAD}x the benchmark allows between the epochs of "
-                 f"one run: {said}.")
+    cause = ("the machine's load changed between the runs (load average up to "
+             f"{load:.2f} on {cores} cores), or the epochs' other work (the loader, the "
+             "all-reduce of the epoch's totals) weighs in")
+    lines.append(f"The two ratios, {bench['ratio']:.2f}x and {parts['ratio']:.2f}x, are "
+                 f"{apart:.2f}x apart; the four runs' spreads multiplied allow {bound:.2f}x: "
+                 f"they {said}. Not reproduced on this run: {cause}.")
     return lines
 
 

@@ -8,20 +8,24 @@ clock includes its GPU work: waiting for the data, copying it to the device, for
 the optimizer. Two clocks are read at every boundary: time.monotonic (the wall, one clock for
 every process of the machine) and time.thread_time (the CPU time of the thread that runs the
 step), so a phase's CPU time over its wall time says how much of a core it got.
-Under DDP on the CPU (gloo), a comm hook (practice/hooks.py's attach_timers) records when
-each bucket's all-reduce was launched and when its future completed, and the gradient hooks
-when backward computed its last gradient. Communication before that point ran while backward
-computed (hidden); the rest, backward waited for (exposed). Part of it passes before the last
-rank has launched the same bucket: waiting for the others. Under NCCL the future completes
-once the all-reduce is queued on the GPU, not when it has run (torch.futures.Future.then's
-docstring), so a CPU clock cannot split it: on GPUs the all-reduce stays inside backward,
-untimed, and the file says so ("communication timed": false).
+Under DDP a comm hook (practice/hooks.py's attach_timers) records when each bucket's
+all-reduce was launched and when it completed, and the gradient hooks when backward computed
+its last gradient. Communication before that point ran while backward computed (hidden); the
+rest, backward waited for (exposed). Part of it passes before the last rank has launched the
+same bucket: waiting for the others. On the CPU (gloo) the hooks read the wall clock. On GPUs
+(NCCL) the all-reduce's future completes once the all-reduce is queued, not when it has run
+(torch.futures.Future.then's docstring), so the hooks record CUDA events instead: an event
+recorded on the current stream marks when the GPU reaches that point of its queue, and the
+future's callback runs on a stream that waits for the all-reduce. After the step's
+synchronize, each event is put on the wall clock from one recorded as backward starts.
 The steps of a case are cut into SPREAD_GROUPS runs of consecutive steps, as the benchmark
 cuts a run into epochs; a case whose slowest group's mean step is more than the benchmark's
 RELIABLE_SPREAD times its fastest's is marked unreliable.
 The measured step runs from one step's start to the next; what the phases leave of it (the
 loop, the timers) is reported as the remainder. Every run processes the same global batch per
-step, split over the processes, so time per sample compares equal work.
+step, split over the processes, so time per sample compares equal work. step_from_parts puts
+a step together from the clocks' parts alone (compute, waiting for the other ranks, the rest
+of the all-reduce not hidden), without the remainder, which no phase's clock times.
 Rank 0 writes one JSON file: every case's parts, per step and as means, and each rank's means.
 """
 import itertools
@@ -46,7 +50,7 @@ from ddp_scripts.measure.benchmark import RELIABLE_SPREAD
 from ddp_scripts.models import build_model
 from ddp_scripts.options import ArgumentParser, count, non_negative_int, seconds
 from ddp_scripts.practice.hooks import attach_timers
-from ddp_scripts.ranks import init_process_group
+from ddp_scripts.ranks import init_process_group, leave_process_group
 
 # The cases, run one after the other in the same processes. batch_size is the global batch
 # (split over the processes). Each process computes with --threads threads; by default the
@@ -62,10 +66,9 @@ PHASES = ["data wait", "copy to device", "forward", "backward", "optimizer"]
 PARTS = ["data wait", "copy to device", "forward", "backward compute",
          "communication not hidden", "optimizer"]
 REMAINDER = "other (loop, timers)"
+# The parts that compute, with no other rank in them: what step_from_parts calls compute.
+COMPUTE = ["data wait", "copy to device", "forward", "backward compute", "optimizer"]
 SPREAD_GROUPS = 4
-UNTIMED = ("under NCCL the all-reduce's future completes once the all-reduce is queued on the "
-           "GPU, not when it has run, so the CPU's clocks cannot split it into hidden and "
-           "exposed: here it stays inside backward compute")
 
 
 def threads_option(text):
@@ -105,9 +108,37 @@ def clocks():
     return time.monotonic(), time.thread_time()
 
 
-def timed_steps(model, optimizer, data, device, count, events=None):
+def cuda_event():
+    """A reading of the GPU's clock, for attach_timers: a CUDA event recorded on the current
+    stream. It marks when the GPU reaches this point of its queue, not when Python queued it;
+    its time can be read once the GPU has passed it (after a synchronize)."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def hook_clock(device):
+    """The clock the DDP hooks read on `device`: cuda_event on a GPU, where the all-reduce's
+    future completes once the all-reduce is queued; None (the wall clock) on the CPU, where
+    gloo completes it once the all-reduce has run."""
+    return cuda_event if device.type == "cuda" else None
+
+
+def on_the_wall(events, origin, wall):
+    """Put a step's event readings (attach_timers's "at", "start", "end") on the wall clock,
+    in place: `origin` was recorded at wall time `wall`, on an idle GPU (just after a
+    synchronize), so a reading's wall time is `wall` plus its milliseconds after `origin`."""
+    for event in events:
+        for key in ("at", "start", "end"):
+            if key in event:
+                event[key] = wall + origin.elapsed_time(event[key]) / 1e3
+
+
+def timed_steps(model, optimizer, data, device, count, events=None, gpu_clock=None):
     """Run `count` steps; per step each phase's wall and CPU seconds, and the whole step's.
-    events: the list attach_timers fills (DDP), or None; each step keeps its own."""
+    events: the list attach_timers fills (DDP), or None; each step keeps its own.
+    gpu_clock: the clock the hooks read (cuda_event) when it is the GPU's, or None when
+    they read the wall clock; its readings are put on the wall clock after backward."""
     rows, starts = [], []
     for _ in range(count):
         if events is not None:
@@ -122,9 +153,12 @@ def timed_steps(model, optimizer, data, device, count, events=None):
         loss = F.cross_entropy(model(images), labels)
         synchronize(device)
         marks.append(clocks())
-        loss.backward()  # under DDP: returns once every bucket's all-reduce has completed
+        origin = gpu_clock() if gpu_clock else None  # the GPU is idle here: its queue is empty
+        loss.backward()  # under DDP: returns once every bucket's all-reduce is done or queued
         synchronize(device)
         marks.append(clocks())
+        if origin is not None and events is not None:
+            on_the_wall(events, origin, marks[3][0])
         optimizer.step()
         optimizer.zero_grad()
         synchronize(device)
@@ -143,69 +177,117 @@ def timed_steps(model, optimizer, data, device, count, events=None):
     return rows
 
 
-def communication(row):
-    """A step's all-reduce time (the union of its buckets' intervals), split at the moment
-    backward computed its last gradient: {"total", "hidden" (before it), "exposed" (after)}."""
+def union(intervals):
+    """Intervals [start, end] merged where they overlap, in order."""
     merged = []
-    for start, end in sorted(row.get("all-reduces", [])):
+    for start, end in sorted(intervals):
         if merged and start <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], end)
         else:
             merged.append([start, end])
+    return merged
+
+
+def after(intervals, cut):
+    """The time the union of `intervals` covers after the moment `cut`."""
+    return sum(max(0.0, end - max(start, cut)) for start, end in union(intervals))
+
+
+def communication(row):
+    """A step's all-reduce time (the union of its buckets' intervals), split at the moment
+    backward computed its last gradient: {"total", "hidden" (before it), "exposed" (after),
+    "buckets", and the time spent before the last rank had launched the same bucket:
+    "waiting for other ranks", and "waiting not hidden" (after the last gradient)}."""
+    merged = union(row.get("all-reduces", []))
     cut = row.get("last gradient", 0.0)
-    hidden = sum(max(0.0, min(end, cut) - start) for start, end in merged)
-    exposed = sum(max(0.0, end - max(start, cut)) for start, end in merged)
-    return {"total": sum(end - start for start, end in merged), "hidden": hidden,
-            "exposed": exposed, "buckets": len(row.get("all-reduces", [])),
-            "waiting for other ranks": row.get("waiting for other ranks", 0.0)}
+    total = sum(end - start for start, end in merged)
+    exposed = after(merged, cut)
+    return {"total": total, "hidden": total - exposed, "exposed": exposed,
+            "buckets": len(row.get("all-reduces", [])),
+            "waiting for other ranks": row.get("waiting for other ranks", 0.0),
+            "waiting not hidden": row.get("waiting not hidden", 0.0)}
 
 
 def note_waiting(steps, every_rank):
     """Per step, the time this rank's all-reduces spent before the last rank had launched
-    the same bucket. every_rank: each rank's steps (the same steps, the same buckets)."""
+    the same bucket, in all and after backward's last gradient. every_rank: each rank's
+    steps (the same steps, the same buckets)."""
     for index, row in enumerate(steps):
-        waited = 0.0
+        waits = []
         for bucket, (start, end) in enumerate(row["all-reduces"]):
             last = max(steps_of[index]["all-reduces"][bucket][0] for steps_of in every_rank)
-            waited += max(0.0, min(end, last) - start)
-        row["waiting for other ranks"] = waited
+            if last > start:
+                waits.append([start, min(end, last)])
+        row["waiting for other ranks"] = after(waits, float("-inf"))
+        row["waiting not hidden"] = after(waits, row["last gradient"])
+
+
+def groups(steps, count=SPREAD_GROUPS):
+    """The steps cut into `count` runs of consecutive steps (fewer when there are fewer)."""
+    count = min(count, len(steps))
+    cuts = [round(i * len(steps) / count) for i in range(count + 1)]
+    return [steps[a:b] for a, b in zip(cuts, cuts[1:])]
 
 
 def breakdown(steps):
     """The mean step split into PARTS plus the remainder, which add up to the mean step;
-    the mean communication (total, hidden, exposed), and the CPU share of each phase."""
+    the mean communication, the CPU share of each phase (CPU time over wall time), and
+    the range that share took over the SPREAD_GROUPS runs of consecutive steps."""
     def mean(values):
         values = list(values)
         return sum(values) / len(values)
     walls = {key: mean(row[key] for row in steps) for key in [*PHASES, "step"]}
     comm = {key: mean(communication(row)[key] for row in steps)
-            for key in ("total", "hidden", "exposed", "buckets", "waiting for other ranks")}
+            for key in ("total", "hidden", "exposed", "buckets", "waiting for other ranks",
+                        "waiting not hidden")}
     parts = {"data wait": walls["data wait"], "copy to device": walls["copy to device"],
              "forward": walls["forward"], "backward compute": walls["backward"] - comm["exposed"],
              "communication not hidden": comm["exposed"], "optimizer": walls["optimizer"]}
     parts[REMAINDER] = walls["step"] - sum(parts.values())
-    cpu_share = {phase: mean(row["cpu"][phase] for row in steps) / walls[phase]
-                 for phase in PHASES if walls[phase] > 0}
+
+    def share(rows, phase):
+        wall = sum(row[phase] for row in rows)
+        return sum(row["cpu"][phase] for row in rows) / wall if wall > 0 else None
+    cpu_share = {phase: share(steps, phase) for phase in PHASES if walls[phase] > 0}
+    share_range = {}
+    for phase in cpu_share:
+        shares = [value for rows in groups(steps) if (value := share(rows, phase)) is not None]
+        if shares:
+            share_range[phase] = [min(shares), max(shares)]
     return {"parts": parts, "step": walls["step"], "communication": comm,
-            "cpu share": cpu_share}
+            "cpu share": cpu_share, "cpu share range": share_range}
 
 
-def spread(steps, groups=SPREAD_GROUPS):
-    """The slowest over the fastest mean step of `groups` runs of consecutive steps (fewer
+def spread(steps, groups_of=SPREAD_GROUPS):
+    """The slowest over the fastest mean step of `groups_of` runs of consecutive steps (fewer
     when there are fewer steps): the benchmark's epoch spread, on a case's steps."""
-    times = [row["step"] for row in steps]
-    groups = min(groups, len(times))
-    cuts = [round(i * len(times) / groups) for i in range(groups + 1)]
-    means = [sum(times[a:b]) / (b - a) for a, b in zip(cuts, cuts[1:])]
+    means = [sum(row["step"] for row in rows) / len(rows) for rows in groups(steps, groups_of)]
     return max(means) / min(means)
+
+
+def grew_most(before, after_):
+    """The key of `after_` whose value grew most from `before` (a missing key counts 0),
+    and by how much."""
+    growth = {key: value - before.get(key, 0.0) for key, value in after_.items()}
+    name = max(growth, key=growth.get)
+    return name, growth[name]
 
 
 def part_that_grew(one, many):
     """The part (or the remainder) whose time per sample grew most from `one` to `many`:
     breakdowns of the same global batch, so per step is per sample times the batch."""
-    growth = {part: many["parts"][part] - one["parts"].get(part, 0.0) for part in many["parts"]}
-    name = max(growth, key=growth.get)
-    return name, growth[name]
+    return grew_most(one["parts"], many["parts"])
+
+
+def step_from_parts(found):
+    """A case's step put together from what the clocks measured, in seconds: "compute" (the
+    COMPUTE parts), "waiting for the other ranks" (the all-reduce's time before the last
+    rank had launched it, that backward did not hide) and "all-reduce not hidden" (the rest
+    of what backward waited for). The remainder (the loop, the timers) is left out."""
+    waiting = found["communication"].get("waiting not hidden", 0.0)
+    return {"compute": sum(found["parts"][part] for part in COMPUTE),
+            "waiting for the other ranks": waiting,
+            "all-reduce not hidden": found["parts"]["communication not hidden"] - waiting}
 
 
 def samples_per_s(run, case):
@@ -214,15 +296,17 @@ def samples_per_s(run, case):
     return found["settings"]["batch_size"] / found["step"]
 
 
-def ratio_from_parts(many, one_thread, one_all, case="batch 64"):
-    """The benchmark's DDP/CPU ratio, from three step_parts files: N processes (`many`), one
-    process with one DDP process's threads, and one process with all of them (the benchmark's
-    CPU run). What N processes gain over one with their threads, divided by what one process
-    gains from the rest of the cores: {"processes gain", "threads gain", "ratio"}."""
-    base = samples_per_s(one_thread, case)
-    processes = samples_per_s(many, case) / base
-    threads = samples_per_s(one_all, case) / base
-    return {"processes gain": processes, "threads gain": threads, "ratio": processes / threads}
+def predicted_ratio(many, one, case="batch 64"):
+    """The speed of the N-process run (`many`) over that of the one-process run (`one`),
+    both with the same global batch, from their steps put together from their parts
+    (step_from_parts): {"one", "many" (seconds per step, by part), "ratio"}."""
+    found = one["cases"][case], many["cases"][case]
+    batches_ = {f["settings"]["batch_size"] for f in found}
+    if len(batches_) > 1:
+        raise ValueError(f"{case}: the two runs' global batches differ ({sorted(batches_)})")
+    parts = [step_from_parts(f) for f in found]
+    return {"one": parts[0], "many": parts[1],
+            "ratio": sum(parts[0].values()) / sum(parts[1].values())}
 
 
 def run_case(name, settings, device, world_size, rank, args):
@@ -235,28 +319,25 @@ def run_case(name, settings, device, world_size, rank, args):
     warmup = min(args.warmup, settings.get("warmup", args.warmup))
     data = batches(batch // world_size, seed=rank)
     model = build_model("cnn").to(device)
-    events = None
-    split = world_size > 1 and device.type != "cuda"  # see UNTIMED
+    events, gpu_clock = None, None
     if world_size > 1:
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if split:
-        events = []
-        attach_timers(model, time.monotonic, events.append)
+        events, gpu_clock = [], hook_clock(device)
+        attach_timers(model, gpu_clock or time.monotonic, events.append)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    timed_steps(model, optimizer, data, device, warmup, events)
-    steps = timed_steps(model, optimizer, data, device, timed, events)
+    timed_steps(model, optimizer, data, device, warmup, events, gpu_clock)
+    steps = timed_steps(model, optimizer, data, device, timed, events, gpu_clock)
     every_rank = None
-    if split:
+    if world_size > 1:
         every_rank = [None] * world_size
         dist.all_gather_object(every_rank, [{"all-reduces": row["all-reduces"]} for row in steps])
         note_waiting(steps, every_rank)
     result = {"settings": {**settings, "batch_per_process": batch // world_size,
                            "threads_per_process": threads},
               **breakdown(steps), "steps": steps, "spread": spread(steps),
-              "communication timed": split or world_size == 1}
+              "all-reduce clock": None if world_size == 1 else
+              "CUDA events" if gpu_clock else "wall"}
     result["reliable"] = result["spread"] <= RELIABLE_SPREAD
-    if world_size > 1 and not split:
-        result["communication untimed"] = UNTIMED
     if every_rank:  # per rank, per step, per bucket: [launch, end] on the machine's clock
         result["all-reduces of every rank"] = [[row["all-reduces"] for row in rank_steps]
                                                for rank_steps in every_rank]
@@ -284,7 +365,7 @@ def main(argv=None):
              "load_average": list(os.getloadavg()), "torch": torch.__version__,
              "steps": args.steps, "warmup": args.warmup, "cases": cases}, indent=1))
     if world_size > 1:
-        dist.destroy_process_group()
+        leave_process_group()  # after every DDP model is freed
 
 
 if __name__ == "__main__":

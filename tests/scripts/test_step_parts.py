@@ -1,18 +1,26 @@
 """ddp_scripts/recorders/step_parts.py: the parts of a step add up to the measured step, the remainder is
 what the timed phases leave of it, the all-reduce is timed inside backward and split into its
-hidden and exposed shares (on gloo; under NCCL it is left untimed), no all-reduce ends before
-every rank has launched it, a case's spread is the benchmark's, the benchmark's ratio is put
-together from the parts, the part that grew is the one the numbers say, and bad options are
-one line and exit status 2."""
+hidden and exposed shares (the wall clock on gloo, CUDA events under NCCL, put on the wall
+clock after the step), no all-reduce ends before every rank has launched it, a case's spread
+is the benchmark's, a step is put together from its measured parts, the part that grew is the
+one the numbers say, and bad options are one line and exit status 2."""
 import json
+import time
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_scripts.launcher import run_command, torchrun_command
 from ddp_scripts.measure.benchmark import RELIABLE_SPREAD
-from ddp_scripts.recorders.step_parts import (PARTS, PHASES, REMAINDER, breakdown, communication,
-                                             part_that_grew, ratio_from_parts, spread)
+from ddp_scripts.models import build_model
+from ddp_scripts.practice.hooks import attach_timers
+from ddp_scripts.recorders.step_parts import (COMPUTE, PARTS, PHASES, REMAINDER, batches,
+                                             breakdown, communication, cuda_event, hook_clock,
+                                             note_waiting, on_the_wall, part_that_grew,
+                                             predicted_ratio, spread, step_from_parts,
+                                             timed_steps)
 from helpers import assert_one_line_error, run_in_process
 
 QUICK = ["--steps", "4", "--warmup", "1", "--cases", "batch 8,all cores each"]
@@ -69,7 +77,7 @@ def test_two_processes_time_the_all_reduce_inside_backward(tmp_path):
     assert run["processes"] == 2
     for case in run["cases"].values():
         check_adds_up(case)
-        assert case["communication timed"] and "communication untimed" not in case
+        assert case["all-reduce clock"] == "wall"
         every_rank = case["all-reduces of every rank"]
         assert every_rank[0] == [row["all-reduces"] for row in case["steps"]]
         assert len(every_rank) == 2 and not early_ends(every_rank)
@@ -90,6 +98,8 @@ def test_two_processes_time_the_all_reduce_inside_backward(tmp_path):
             comm = communication(row)
             assert comm["hidden"] + comm["exposed"] == pytest.approx(comm["total"])
             assert 0 <= row["waiting for other ranks"] <= comm["total"] + 1e-12
+            assert 0 <= row["waiting not hidden"] <= min(row["waiting for other ranks"],
+                                                         comm["exposed"]) + 1e-12
         exposed = sum(communication(row)["exposed"] for row in case["steps"]) / len(case["steps"])
         assert case["parts"]["communication not hidden"] == pytest.approx(exposed)
 
@@ -107,10 +117,76 @@ def test_two_processes_on_two_gpus(tmp_path):
     assert run["device"] == "cuda:0"
     for case in run["cases"].values():
         check_adds_up(case)
-        # Under NCCL the all-reduce's future completes once it is queued: no split is made.
-        assert not case["communication timed"] and "NCCL" in case["communication untimed"]
-        assert case["parts"]["communication not hidden"] == 0
-        assert not any("all-reduces" in row for row in case["steps"])
+        # Under NCCL the hooks read CUDA events: the all-reduce is timed apart from backward.
+        # Each rank puts its events on the wall clock from its own origin, a few microseconds
+        # apart: an end may seem that much before another rank's launch, not more.
+        assert case["all-reduce clock"] == "CUDA events"
+        every_rank = case["all-reduces of every rank"]
+        shifted = [[[[start - 1e-4, end] for start, end in buckets] for buckets in steps]
+                   for steps in every_rank]
+        assert not early_ends(shifted)
+        for row in case["steps"]:
+            assert row["all-reduces"] and communication(row)["total"] > 0
+            for start, end in row["all-reduces"]:
+                assert row["backward start"] <= start <= end <= row["backward end"] + 1e-4
+
+
+class ReadingOfAGpu:
+    """A stand-in for a CUDA event on a CPU: it reads the wall clock when it is made, plus a
+    fixed lag (the GPU reaches a point of its queue after Python queued it)."""
+    lag = 0.002
+
+    def __init__(self):
+        self.at = time.monotonic() + self.lag
+
+    def elapsed_time(self, end):
+        return (end.at - self.at) * 1e3
+
+
+def test_right_case_gpu_readings_go_on_the_wall_clock_from_the_origin():
+    origin, gradient, launched, ended = ReadingOfAGpu(), ReadingOfAGpu(), ReadingOfAGpu(), \
+        ReadingOfAGpu()
+    origin.at, gradient.at, launched.at, ended.at = 50.0, 50.004, 50.004, 50.007
+    events = [{"kind": "gradient", "name": "w", "at": gradient},
+              {"kind": "all-reduce", "bucket": 0, "start": launched, "end": ended}]
+    on_the_wall(events, origin, 10.0)
+    assert events[0]["at"] == pytest.approx(10.004)
+    assert [events[1]["start"], events[1]["end"]] == [pytest.approx(10.004), pytest.approx(10.007)]
+    comm = communication({"all-reduces": [[events[1]["start"], events[1]["end"]]],
+                          "last gradient": events[0]["at"]})
+    assert comm["exposed"] == pytest.approx(0.003) and comm["hidden"] == pytest.approx(0)
+
+
+def test_the_hooks_read_cuda_events_on_a_gpu_and_the_wall_clock_on_the_cpu():
+    assert hook_clock(torch.device("cuda", 0)) is cuda_event
+    assert hook_clock(torch.device("cpu")) is None
+
+
+def test_right_case_the_gpu_path_on_a_cpu_times_the_all_reduce_apart_from_backward():
+    """The GPU path, on a CPU: DDP of one rank (gloo) whose hooks read ReadingOfAGpu, as they
+    read CUDA events on a GPU. Put on the wall clock, each all-reduce lies inside its backward,
+    after the last gradient (one bucket), and its exposed time is taken out of backward
+    compute. (A clock read when the all-reduce is queued, as NCCL's future completes, ends it
+    before the last rank launched it: test_two_processes_time_the_all_reduce_inside_backward
+    plants that.)"""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = DDP(build_model("cnn"))
+        events = []
+        attach_timers(model, ReadingOfAGpu, events.append)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        steps = timed_steps(model, optimizer, batches(8, seed=0), torch.device("cpu"), 3,
+                            events, ReadingOfAGpu)
+        for row in steps:
+            (start, end), = row["all-reduces"]
+            assert row["backward start"] <= row["last gradient"] <= start <= end \
+                <= row["backward end"]
+        note_waiting(steps, [steps])
+        parts = breakdown(steps)["parts"]
+        exposed = sum(communication(row)["exposed"] for row in steps) / len(steps)
+        assert exposed > 0 and parts["communication not hidden"] == pytest.approx(exposed)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_hidden_and_exposed_split_at_the_last_gradient():
@@ -131,16 +207,38 @@ def test_a_cases_spread_is_its_slowest_group_of_steps_over_its_fastest():
     assert spread([{"step": 0.5}] * 8) == 1.0
 
 
-def test_the_benchmarks_ratio_is_put_together_from_the_parts():
-    def run(processes, step_s, batch=64):
-        return {"processes": processes,
-                "cases": {"batch 64": {"settings": {"batch_size": batch}, "step": step_s}}}
-    one_thread, one_all, many = run(1, 0.008), run(1, 0.004), run(2, 0.006)
-    got = ratio_from_parts(many, one_thread, one_all)
-    assert got["processes gain"] == pytest.approx(8 / 6)
-    assert got["threads gain"] == pytest.approx(2.0)
-    # The gains' ratio is the two processes' speed over one process with all the cores.
-    assert got["ratio"] == pytest.approx(0.004 / 0.006)
+def test_waiting_is_split_at_the_last_gradient_and_counted_once():
+    # Two buckets of rank 0, launched at 1.0 and 2.8; rank 1 launched them at 2.0 and 3.5.
+    # Rank 0 waited 1.0-2.0 and 2.8-3.5 (one union); after the last gradient (2.5), 0.7.
+    mine = [{"all-reduces": [[1.0, 3.0], [2.8, 4.0]], "last gradient": 2.5}]
+    other = [{"all-reduces": [[2.0, 3.0], [3.5, 4.0]]}]
+    note_waiting(mine, [mine, other])
+    assert mine[0]["waiting for other ranks"] == pytest.approx(1.7)
+    assert mine[0]["waiting not hidden"] == pytest.approx(0.7)
+    # Overlapping waits are one wait, not two.
+    both = [{"all-reduces": [[1.0, 3.0], [1.0, 3.0]], "last gradient": 0.0}]
+    note_waiting(both, [both, [{"all-reduces": [[2.0, 3.0], [2.0, 3.0]]}]])
+    assert both[0]["waiting for other ranks"] == pytest.approx(1.0)
+
+
+def test_a_step_is_put_together_from_its_measured_parts():
+    def found(forward, exposed=0.0, waiting=0.0, batch=64, remainder=0.0005):
+        parts = {part: 0.001 for part in COMPUTE}
+        parts.update({"forward": forward, "communication not hidden": exposed,
+                      REMAINDER: remainder})
+        return {"settings": {"batch_size": batch}, "parts": parts,
+                "communication": {"waiting not hidden": waiting}}
+    many = found(0.003, exposed=0.004, waiting=0.001)
+    assert step_from_parts(many) == {"compute": pytest.approx(0.007),
+                                     "waiting for the other ranks": 0.001,
+                                     "all-reduce not hidden": pytest.approx(0.003)}
+    one = found(0.005)
+    got = predicted_ratio({"cases": {"batch 64": many}}, {"cases": {"batch 64": one}})
+    # The remainder (loop, timers) is no measured part: it is left out of both steps.
+    assert got["ratio"] == pytest.approx(0.009 / 0.011)
+    assert got["one"]["waiting for the other ranks"] == 0
+    with pytest.raises(ValueError, match="global batches differ"):
+        predicted_ratio({"cases": {"batch 64": many}}, {"cases": {"batch 64": found(0.005, batch=32)}})
 
 
 def test_the_part_that_grew_is_named_from_the_numbers():
