@@ -97,7 +97,7 @@ def _remove_temporary_log_dirs():
 
 
 def run_script(script, nproc=None, out=None, timeout=600, progress="auto", torchrun_args=(),
-               env=None, echo=print, show_command=False, **options):
+               env=None, echo=print, show_command=False, log_dir=None, **options):
     """Run `script` from ddp_scripts/ and return its metrics as a pandas DataFrame.
 
     script   e.g. "train_ddp.py" or "train_single.py"
@@ -107,6 +107,8 @@ def run_script(script, nproc=None, out=None, timeout=600, progress="auto", torch
     progress "auto": a progress bar in an interactive notebook, plain lines otherwise
     echo     called with each output line (default: print it)
     show_command  first echo the command line this runs, as a shell would take it
+    log_dir  torchrun's --log-dir, where each rank's error file goes, kept after the run
+             (None: a temporary folder, removed once read)
     options  the script's own options, as keywords: epochs=2, batch_size=32, resume=True
     """
     if out is not None:
@@ -115,7 +117,8 @@ def run_script(script, nproc=None, out=None, timeout=600, progress="auto", torch
     if nproc is None:
         command = [sys.executable, str(SCRIPTS / script), *script_args]
     else:
-        command = torchrun_command(script, nproc, script_args, torchrun_args=torchrun_args)
+        command = torchrun_command(script, nproc, script_args, torchrun_args=torchrun_args,
+                                   log_dir=log_dir)
     if show_command:
         echo("$ " + shell_line(command, env))
     run_command(command, timeout=timeout, progress=progress, out=out,
@@ -251,18 +254,26 @@ def run_command(command, timeout=600, progress="auto", out=None, total_epochs=No
 
 
 # How a rank reports that another rank is gone (gloo, nccl, a socket): it failed for lack of
-# that rank, which is the one to read about.
+# that rank, which is the one to read about. The companion scripts say so in their error file
+# (`lost_peer`); the words are for the files other scripts write.
 LOST_PEER = re.compile(r"by peer|Connection (?:reset|closed|refused)|remote process|Broken pipe",
                        re.IGNORECASE)
 
 
+def lost_a_peer(error):
+    """Whether a rank's error file says it stopped because another rank ended first."""
+    return bool(error.get("lost_peer")) or bool(LOST_PEER.search(error["reason"]))
+
+
 def failure(exit_code, errors, lines, silent=()):
     """A LaunchError from the error files of a failed run: the first rank that failed, its
-    exit status and its reason. A process killed by a signal writes no error file: `silent`
-    are the ranks without one (runfiles.ranks_without_error_file). If the first error file
-    says a peer was lost, the first silent rank is named first, as torchrun names it. With
-    no error file at all: the run's own exit status, and the last lines it printed."""
-    if errors and silent and LOST_PEER.search(errors[0]["reason"]):
+    exit status and its reason. A rank that lost a peer failed because of another, whatever
+    the order of their files: the first rank that failed on its own is named, else the first
+    silent rank (killed by a signal, it writes no error file: runfiles.ranks_without_error_file),
+    as torchrun names it. With no error file at all: the run's own exit status, and the last
+    lines it printed."""
+    own = [error for error in errors if not lost_a_peer(error)]
+    if errors and silent and not own:
         rank = silent[0]
         return LaunchError(f"rank {rank} ended without an error file (killed by a signal?); "
                            f"then rank {errors[0]['rank']} failed: {errors[0]['reason']}"[:600],
@@ -273,7 +284,7 @@ def failure(exit_code, errors, lines, silent=()):
                            f"file (killed by a signal, or ended before it started); it "
                            f"printed last: {last}", exit_code=exit_code,
                            tail="\n".join(lines[-25:]))
-    first = errors[0]
+    first = (own or errors)[0]
     rank, code = first["rank"], first["exit_code"]
     stack = first.get("message", {}).get("extraInfo", {}).get("py_callstack", "")
     who = f"rank {rank}" if rank is not None else "the run"

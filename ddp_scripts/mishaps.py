@@ -23,6 +23,10 @@ class RunStopped(Exception):
     """The run cannot go on (its loss stopped being finite): one line on stderr, exit status 1."""
 
 
+class PeerLost(RunStopped):
+    """Another rank ended first, and this one stops for want of it (peer_lost)."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (kill, torchrun or a job scheduler ending the run): handled as Ctrl-C is."""
 
@@ -57,7 +61,8 @@ def end_early(error, say):
         status = 2 if isinstance(error, UsageError) else 1
         sys.stderr.write(f"{tag}error: {error}\n")  # one write: see cli.say()
         sys.stderr.flush()
-        write_error_file(error, exit_code=status, rank=rank, with_stack=False)
+        write_error_file(error, exit_code=status, rank=rank, with_stack=False,
+                         lost_peer=isinstance(error, PeerLost))
         leave_the_group()  # after the error file: a peer that then loses us writes its own later
         sys.exit(status)
     write_error_file(error, exit_code=1, rank=rank)
@@ -68,9 +73,9 @@ def peer_lost(error):
     """gloo's error when another rank's process ended in a collective, as one line."""
     if not any(text in str(error) for text in ("Connection reset by peer", "Connection closed by peer")):
         return error
-    return RunStopped(f"another rank ended first ({type(error).__name__}: "
-                      f"{first_line(error).split('. ')[0]}); its own output says why; the last "
-                      "checkpoint saved, if any, is whole")
+    return PeerLost(f"another rank ended first ({type(error).__name__}: "
+                    f"{first_line(error).split('. ')[0]}); its own output, or torchrun's exit "
+                    "code for it, says why; the last checkpoint saved, if any, is whole")
 
 
 def end_interrupted(error, tag):
@@ -88,8 +93,9 @@ def end_interrupted(error, tag):
 def leave_the_group():
     """A DDP run that stops early leaves its process group too, as train_ddp.py does at its
     end: left open, gloo's threads could abort the process as it exits. Called once this
-    rank's error file is written, so that torchrun and the launcher, which name the rank
-    whose error came first, name this one, not a peer that lost it."""
+    rank's error file is written: its peers lose it only then, and their files, which say so
+    (runfiles.write_error_file's lost_peer), sort after this one's for torchrun, while the
+    launcher names a rank that failed on its own before any that lost a peer."""
     dist = sys.modules.get("torch.distributed")  # imported by the script, if it uses one
     if dist is not None and dist.is_available() and dist.is_initialized():
         try:

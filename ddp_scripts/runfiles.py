@@ -13,9 +13,11 @@ tests read them. Nothing here imports torch, so the launcher stays quick to impo
 
 A rank that fails writes a JSON error file where torchrun's agent tells it to
 (TORCHELASTIC_ERROR_FILE, in the folder given by torchrun's --log-dir): the format of
-torch.distributed.elastic's `record`, which torchrun reads, plus the rank and exit status.
+torch.distributed.elastic's `record`, which torchrun reads, plus the rank, the exit status
+and whether it stopped because another rank ended first.
 """
 import json
+import math
 import os
 import time
 import traceback
@@ -55,19 +57,28 @@ def logged_epochs(out):
     return [row["epoch"] for row in metrics_rows(out)]
 
 
-def write_error_file(error, exit_code, rank=None, with_stack=True):
+def write_error_file(error, exit_code, rank=None, with_stack=True, lost_peer=False):
     """Record why this process fails, for torchrun and the launcher. No-op outside torchrun
     (and outside the launcher, which sets the variable for a single process too).
-    `with_stack=False`: an error said in one line, whose traceback would say nothing more.
+    `with_stack=False`: an error said in one line, whose traceback would say nothing more; the
+    line then stands in the traceback's place, which torchrun's summary shows.
+    `lost_peer=True`: this rank stops because another rank ended first (mishaps.peer_lost).
+    torchrun names as the cause the failure with the earliest time, in whole seconds, ties
+    going to the rank it saw end first; it times a rank killed by a signal, which writes no
+    file, when it notices the death, a poll later. So a rank that lost its peer rounds its
+    time up, not down, to sort after the rank it lost.
     A log folder that cannot be written loses the file, not the error's line or exit status."""
     path = os.environ.get(ERROR_FILE_VARIABLE)
     if not path:
         return
-    stack = "".join(traceback.format_exception(error)) if with_stack else ""
-    data = {"message": {"message": f"{type(error).__name__}: {error}",
+    said = f"{type(error).__name__}: {error}"
+    stack = "".join(traceback.format_exception(error)) if with_stack else said
+    now = time.time()
+    data = {"message": {"message": said,
                         "extraInfo": {"py_callstack": stack,
-                                      "timestamp": str(int(time.time()))}},
-            "reason": str(error), "rank": rank, "exit_code": exit_code, "time": time.time()}
+                                      "timestamp": str(math.ceil(now) if lost_peer else int(now))}},
+            "reason": str(error), "rank": rank, "exit_code": exit_code, "time": now,
+            "lost_peer": lost_peer}
     try:
         with open(path, "w") as f:
             json.dump(data, f)
@@ -75,11 +86,14 @@ def write_error_file(error, exit_code, rank=None, with_stack=True):
         pass  # the error's own line is out already; torchrun then reports the exit status
 
 
-def _last_attempt(log_dir):
-    """torchrun's folder for its last attempt under `log_dir`, or None: one subfolder per
-    local rank, made by torchrun before the rank starts."""
+def _last_attempt(log_dir, number=None):
+    """torchrun's folder for its last attempt under `log_dir` (or for attempt `number`, the
+    first being 0), or None: one subfolder per local rank, made by torchrun before the rank
+    starts."""
     attempts = sorted(Path(log_dir).glob("*/attempt_*"),
                       key=lambda p: (p.parent.stat().st_mtime, int(p.name.split("_")[1])))
+    if number is not None:
+        attempts = [p for p in attempts if p.name == f"attempt_{number}"]
     return attempts[-1] if attempts else None
 
 
@@ -93,16 +107,17 @@ def ranks_without_error_file(log_dir):
                   if p.name.isdigit() and not (p / ERROR_FILE_NAME).exists())
 
 
-def read_error_files(log_dir):
+def read_error_files(log_dir, attempt=None):
     """The error files of a failed run under `log_dir`, earliest failure first.
 
     torchrun's workers write `<log_dir>/<run>/attempt_<n>/<local rank>/error.json` (the
-    last attempt counts). `<log_dir>/error.json` is a single process's, or torchrun's own:
-    its own failure (a rendezvous that timed out), or a copy of its first failed worker's.
+    last attempt counts, or attempt `attempt`: a run torchrun restarted failed in an earlier
+    one). `<log_dir>/error.json` is a single process's, or torchrun's own: its own failure (a
+    rendezvous that timed out), or a copy of its first failed worker's.
     """
-    attempt = _last_attempt(log_dir)
-    files = list(attempt.glob(f"*/{ERROR_FILE_NAME}")) if attempt else []
-    if not files:
+    folder = _last_attempt(log_dir, attempt)
+    files = list(folder.glob(f"*/{ERROR_FILE_NAME}")) if folder else []
+    if not files and attempt is None:
         files = list(Path(log_dir).glob(ERROR_FILE_NAME))
     errors = []
     for path in files:

@@ -101,3 +101,46 @@ def show_diff(parent, child, parent_name, child_name):
     diff = list(difflib.unified_diff(parent, child, parent_name, child_name, n=0, lineterm=""))
     show_code("\n".join(diff), "diff")
     return diff[2:]
+
+
+def torchrun_summary(lines, kept=0):
+    """torchrun's report of a failed run, from the lines it printed: (own, box). `own` is the
+    number of lines of torchrun's own traceback, which ends in ChildFailedError; `box` the
+    summary after it, between its two rules of '=', each rank's traceback cut to its first
+    line, `kept` more, and its last line (the error). (0, []) when torchrun printed none."""
+    end = next((i for i, line in enumerate(lines)
+                if line.startswith("torch.distributed.elastic.multiprocessing.errors."
+                                   "ChildFailedError")), None)
+    if end is None:
+        return 0, []
+    start = max(i for i in range(end) if lines[i] == "Traceback (most recent call last):")
+    box, frames = [], None      # frames: the lines of the traceback being read, else None
+    for line in lines[end + 1:]:
+        if frames is not None and line.startswith("    "):
+            frames.append(line)
+            continue
+        if frames is not None:   # the traceback's last line, indented by two
+            box += frames[:kept]
+            if len(frames) > kept:
+                box.append(f"    ... {len(frames) - kept} lines of the rank's traceback left out ...")
+            frames = None
+        if line.strip():
+            box.append(line)
+        if "traceback : Traceback (most recent call last):" in line:
+            frames = []
+        if len(box) > 1 and line.startswith("====="):
+            break
+    return end + 1 - start, box
+
+
+def what_a_rank_reported(log_dir, rank, attempt=0):
+    """One line: what rank `rank` of torchrun's attempt `attempt` under `log_dir` (its
+    --log-dir) wrote in its error file, or that it wrote none."""
+    from ddp_scripts.runfiles import read_error_files
+    error = next((e for e in read_error_files(log_dir, attempt) if e["rank"] == rank), None)
+    if error is None:
+        return (f"rank {rank} wrote no error file in attempt {attempt}: torchrun ended it "
+                "(SIGTERM) before it met the lost connection")
+    why = ("it lost its peer" if error.get("lost_peer")
+           else f"exit status {error['exit_code']}")
+    return f"rank {rank}'s error file in attempt {attempt} ({why}): {error['reason']}"

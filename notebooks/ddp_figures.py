@@ -294,3 +294,36 @@ def draw_equivalence(ax, table):
     ticks = ax.collections[-1].get_offsets()
     return {"bars": [(name, bar.get_width()) for name, bar in zip(table.index, bars)],
             "ticks": [(name, float(x)) for name, (x, _) in zip(table.index, ticks)]}
+
+
+# The share of the change, and whether the gap follows the precision: chapter 5's two checks.
+# A difference in what the two runs compute (another learning rate, gradients summed rather
+# than averaged) moves their parameters apart by a share of what training moved them.
+SAME_TRAINING_SHARE = 0.01
+
+
+def same_training_line(name, gap, change):
+    """Whether the gap between the two runs is below SAME_TRAINING_SHARE of the change."""
+    return (f"{name}: difference below {SAME_TRAINING_SHARE:.0%} of the change: "
+            f"{gap < SAME_TRAINING_SHARE * change}")
+
+
+def rounding_line(gap32, gap64, epoch=1):
+    """Whether the gap shrank with the precision, from the float32 and float64 gaps between the
+    two runs after the same training. Rounding makes the float64 gap smaller by about the ratio
+    of the two epsilons; a difference in what the runs compute leaves it about the same (a
+    ratio near 1). The line takes the one the measured ratio is nearer to, on a log scale:
+    above the square root of the epsilons' ratio, rounding."""
+    import math
+    eps_ratio = torch.finfo(torch.float32).eps / torch.finfo(torch.float64).eps
+    border = math.sqrt(eps_ratio)
+    if gap32 == gap64 == 0:
+        return f"after epoch {epoch}, both pairs of runs are identical: no gap to explain"
+    gap_ratio = gap32 / gap64 if gap64 else math.inf
+    shrank = gap_ratio > border
+    return (f"after epoch {epoch}, the float64 gap is {gap_ratio:.2g} times smaller than the "
+            f"float32 gap; rounding would make it about {eps_ratio:.2g} times smaller (the "
+            f"epsilons' ratio), a difference in what the runs compute about 1 time (the line "
+            f"between the two: {border:.2g}): "
+            + ("the gap shrank with the precision, so it is rounding" if shrank else
+               "the gap did NOT shrink with the precision: the runs compute different things"))

@@ -54,6 +54,41 @@ def hang_rows(events):
     return rows, ends, timeout_s
 
 
+def how_each_rank_ended(events):
+    """{rank: (how, collective, error)} from each rank's last record: how is "timed out" (the
+    group's timeout), "lost its peer" (the other rank's connection closed or reset), "failed"
+    (any other error), "left" (the collective finished) or "no record" (it was still waiting
+    when torchrun ended it)."""
+    from ddp_scripts.launcher import LOST_PEER
+    ended = {}
+    for rank, records in events.items():
+        last = records[-1]
+        error = last.get("error", "")
+        if last["event"] == "failed":
+            how = ("timed out" if "Timed out" in error
+                   else "lost its peer" if LOST_PEER.search(error) else "failed")
+        else:
+            how = {"left": "left", "reached": "no record"}.get(last["event"], "no record")
+        ended[rank] = (how, last.get("collective", "-"), error)
+    return ended
+
+
+def hang_outcome(events):
+    """One line: how many ranks timed out, counted once per rank from their own records (the
+    output repeats a rank's error: its traceback, then torchrun's copy of it), and how the
+    others ended."""
+    ended = how_each_rank_ended(events)
+    timed_out = [rank for rank, (how, _, _) in ended.items() if how == "timed out"]
+    said = {"lost its peer": "saw its peer's connection close", "failed": "failed otherwise",
+            "left": "finished it", "no record": "was still waiting when torchrun ended it"}
+    parts = [f"{len(timed_out)} of {len(ended)} ranks timed out"
+             + (f" ({', '.join(f'rank {r} in {ended[r][1]}' for r in timed_out)})"
+                if timed_out else "")]
+    parts += [f"rank {rank} {said[how]} in {collective}"
+              for rank, (how, collective, _) in ended.items() if how != "timed out"]
+    return "; ".join(parts)
+
+
 def draw_hang(ax, folder):
     """Each rank's wait in its collective, where it ended (x: error, |: left), and the
     group's timeout counted from each arrival. Returns {"bars", "ends", "timeout_s"}."""

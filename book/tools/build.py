@@ -109,7 +109,8 @@ def prepare_for_the_page(cells):
 
 
 def configure(edition, site):
-    """The copy's _config.yml, with the Chinese settings and search words, or JUPYTERHUB_URL."""
+    """The copy's _config.yml, with the Chinese settings and search words, or JUPYTERHUB_URL,
+    and the front page's counts of GPU boxes."""
     path = edition.src / "_config.yml"
     config = yaml.safe_load(path.read_text())
     if edition.name == ZH:
@@ -119,7 +120,17 @@ def configure(edition, site):
     if hub:   # used as given: the page's button is the hub's address, with the chapter's path
         config["launch_buttons"]["jupyterhub_url"] = hub
         print(f"JupyterHub launch buttons point at {hub}", flush=True)
+    config["parse"]["myst_substitutions"] = gpu_box_words(edition)
     path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+
+
+def gpu_box_words(edition):
+    """The front page's counts of the boxes of recorded GPU output, {{ gpu_boxes }} and the
+    like in book/intro.md: counted over the committed chapters and recordings, as
+    gpu_recordings.prepare shows them."""
+    counts = gpu_recordings.box_counts(sorted(edition.notebooks.glob("*.ipynb")),
+                                       ROOT / "results" / "gpu-runs")
+    return {f"gpu_{state}": str(number) for state, number in counts.items()}
 
 
 def search_words(edition):

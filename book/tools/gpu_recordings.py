@@ -116,12 +116,31 @@ def conditions_html(run, name, language="en"):
     return f'<p class="gpu-recording-conditions gpu-recording-loaded">{text["gpu_loaded"].format(how=how)}</p>'
 
 
+def state_of(entry, current_hash):
+    """A box's state: "current" (recorded from this code), "stale" (from older code) or
+    "missing" (this cell not recorded on that machine)."""
+    return "missing" if entry is None else "stale" if entry["source_sha256"] != current_hash else "current"
+
+
+def box_counts(notebooks, recordings_root=RECORDINGS):
+    """How many boxes of recorded GPU output the pages of `notebooks` show, as annotate makes
+    them (one per gpu-output cell and recorded machine), by state: {"boxes", "current",
+    "stale", "missing"}. The front page states them (build.py)."""
+    recordings = load_recordings(recordings_root)
+    counts = dict.fromkeys(("current", "stale", "missing"), 0)
+    for path in map(Path, notebooks):
+        for cell in gpu_cells(read_notebook(path)):
+            for _, _, cells in newest_with(recordings, path.name, cell["id"]):
+                counts[state_of(cells.get(path.name, {}).get(cell["id"]), source_hash(source_of(cell)))] += 1
+    return {"boxes": sum(counts.values()), **counts}
+
+
 def box(run, entry, current_hash, multi_gpu, language="en", name=""):
     """(outputs, stale): one recording's box for a cell, a line (the GPU, torch, the date, and
     whether it is current) with the rest collapsed, then what the cell printed there."""
     text = words(language)
     title = html.escape(f"{run['hardware']}; {run['date']}; commit {run['commit']}")
-    state = "missing" if entry is None else "stale" if entry["source_sha256"] != current_hash else "current"
+    state = state_of(entry, current_hash)
     conditions = "" if entry is None else conditions_html(run, name, language)
     said = text[f"gpu_{state}"].format(title=title)
     shown = f'<p class="gpu-recording-label">{said}</p>' + conditions

@@ -167,3 +167,52 @@ def test_without_cuda_a_notebook_runs_on_the_cpu_the_gpu_steps_are_skipped_and_n
     assert "nothing recorded (no CUDA)" in result.stdout
     assert sorted(p.name for p in gpu_recordings.RECORDINGS.iterdir()) == before
     assert load_notebook(ROOT / "notebooks" / "01_devices.ipynb")["cells"][1]["outputs"] == []
+
+
+# --- the front page's count of the boxes ----------------------------------------------------
+
+def boxes_annotate_makes(folder, recordings):
+    """{state: number} of the boxes gpu_recordings.annotate gives the notebooks of `folder`,
+    read from their headers as a page shows them."""
+    headers = {state: gpu_recordings.words("en")[f"gpu_header_{state}"].split("{")[0].split(" ·")[0]
+               for state in ("current", "stale", "missing")}
+    counted = dict.fromkeys(headers, 0)
+    for path in sorted(Path(folder).glob("*.ipynb")):
+        notebook = load_notebook(path)
+        gpu_recordings.annotate(notebook, path.name, recordings)
+        for cell in notebook["cells"]:
+            for output in cell.get("outputs", []):
+                if output.get("metadata", {}).get(gpu_recordings.MARKER) == "label":
+                    summary = output["data"]["text/html"].split('class="gpu-recording-header">')[1]
+                    counted[next(s for s, said in headers.items() if summary.startswith(said))] += 1
+    return {"boxes": sum(counted.values()), **counted}
+
+
+def test_the_front_page_counts_the_boxes_the_chapters_show():
+    counts = gpu_recordings.box_counts(sorted((ROOT / "notebooks").glob("*.ipynb")))
+    assert counts == boxes_annotate_makes(ROOT / "notebooks", RECORDINGS)
+    assert counts["boxes"] == counts["current"] + counts["stale"] + counts["missing"] > 0
+    from book.tools import build
+    assert build.gpu_box_words(build.EDITIONS["zh"]) == build.gpu_box_words(build.EDITIONS["en"]) \
+        == {f"gpu_{state}": str(number) for state, number in counts.items()}
+    # both front pages state every count
+    for page in ("book/intro.md", "book/zh/intro.md"):
+        text = (ROOT / page).read_text(encoding="utf-8")
+        assert all(f"{{{{ gpu_{state} }}}}" in text for state in counts), page
+
+
+def test_planted_a_recorded_cell_whose_code_changed_counts_as_stale(tmp_path):
+    """A copy of the chapters with one recorded, current cell changed: the count moves it from
+    current to stale, as its box does."""
+    for path in (ROOT / "notebooks").glob("*.ipynb"):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    before = gpu_recordings.box_counts(sorted(tmp_path.glob("*.ipynb")))
+    name, cells = next((name, cells) for name, cells in H200[2].items() if (tmp_path / name).exists())
+    notebook = load_notebook(tmp_path / name)
+    cell = next(c for c in gpu_recordings.gpu_cells(notebook)
+                if cells.get(c["id"], {}).get("source_sha256") == gpu_recordings.source_hash(cell_source(c)))
+    cell["source"] = cell_source(cell) + "\nprint('changed')"
+    (tmp_path / name).write_text(json.dumps(notebook))
+    after = gpu_recordings.box_counts(sorted(tmp_path.glob("*.ipynb")))
+    assert after == dict(before, current=before["current"] - 1, stale=before["stale"] + 1)
+    assert after == boxes_annotate_makes(tmp_path, RECORDINGS)

@@ -1,5 +1,7 @@
 """Chapter 5's figures, fed one run of ddp_scripts/recorders/ddp_anatomy.py on 4 gloo CPU ranks: what each
 drawing shows is what the ranks recorded, and the simulated ring ends where the all-reduce did."""
+import copy
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -152,3 +154,61 @@ def test_the_equivalence_figure_draws_the_tables_gaps_and_changes(small_run, fig
         "largest |difference|, float32", "largest |difference|, float64",
         "largest change by training"]
     assert drawn["ticks"] == list(zip(table.index, table["largest change by training"]))
+
+
+# Chapter 5's checks of DDP against one process, fed two real trainings of a small model: one
+# as one process with the whole batch, one as DDP computes it (each rank's mean gradient over
+# its share, averaged over the ranks). The planted flaw: the ranks' gradients summed, not
+# averaged, a difference in what the two runs compute.
+def trained_two_ways(dtype, averaged=True, ranks=4, batch=8, steps=40):
+    """The largest parameter difference between the two trainings, and the largest change
+    training made."""
+    torch.manual_seed(0)
+    start = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.Tanh(),
+                                torch.nn.Linear(32, 5)).to(dtype)
+    images = torch.randn(steps, ranks * batch, 20, dtype=dtype)
+    labels = torch.randint(0, 5, (steps, ranks * batch))
+    one, ddp = (copy.deepcopy(start) for _ in range(2))
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (one, ddp)]
+    loss = torch.nn.functional.cross_entropy
+    for x, y in zip(images, labels):
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        loss(one(x), y).backward()
+        for x_rank, y_rank in zip(x.chunk(ranks), y.chunk(ranks)):
+            loss(ddp(x_rank), y_rank).backward()   # accumulates: the sum over the ranks
+        if averaged:
+            for p in ddp.parameters():
+                p.grad /= ranks
+        for optimizer in optimizers:
+            optimizer.step()
+
+    def largest(a, b):
+        return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+    return largest(one, ddp), largest(ddp, start)
+
+
+def test_planted_summed_gradients_the_gap_does_not_follow_the_precision():
+    (gap32, change32), (gap64, change64) = (trained_two_ways(dtype, averaged=False)
+                                            for dtype in (torch.float32, torch.float64))
+    line = ddp_figures.rounding_line(gap32, gap64)
+    assert line.endswith("the gap did NOT shrink with the precision: the runs compute "
+                         "different things"), line
+    assert ddp_figures.same_training_line("float32", gap32, change32).endswith(": False")
+    assert ddp_figures.same_training_line("float64", gap64, change64).endswith(": False")
+
+
+def test_right_case_averaged_gradients_differ_by_rounding_only():
+    (gap32, change32), (gap64, change64) = (trained_two_ways(dtype)
+                                            for dtype in (torch.float32, torch.float64))
+    assert 0 < gap64 < gap32   # the two orders of addition round differently, more so in float32
+    line = ddp_figures.rounding_line(gap32, gap64)
+    assert line.endswith("the gap shrank with the precision, so it is rounding"), line
+    assert ddp_figures.same_training_line("float32", gap32, change32).endswith(": True")
+    assert ddp_figures.same_training_line("float64", gap64, change64).endswith(": True")
+    # the build's epoch: float32's roundings compounded to 69 epsilons, float64's stayed at 0.56,
+    # so the gaps' ratio exceeds the epsilons' 120 times over: still rounding
+    assert ddp_figures.rounding_line(8.26e-06, 1.25e-16).endswith("so it is rounding")
+    # identical runs leave nothing to explain; a float64 pair identical to the bit, only rounding
+    assert "no gap to explain" in ddp_figures.rounding_line(0.0, 0.0)
+    assert ddp_figures.rounding_line(gap32, 0.0).endswith("so it is rounding")

@@ -4,6 +4,7 @@ Also tested elsewhere, on real runs: a script's bad input named by rank (test_ba
 the launcher's timeout and a stopped notebook ending a hung run (test_faults.py).
 """
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +129,135 @@ def test_a_log_folder_made_for_a_command_run_elsewhere_is_removed_as_python_exit
                            "print(folder)"],
                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     assert made and not Path(made).exists(), made
+
+
+# Which rank failed first. A rank that loses its peer fails too, and its error file can come
+# first: gloo closes a timed-out pair at once, and the rank still writing its traceback is
+# seen second. torchrun compares whole seconds. Each test plants such an order.
+def an_error(rank, time, reason, lost_peer=False):
+    return {"rank": rank, "exit_code": 1, "time": time, "reason": reason, "lost_peer": lost_peer,
+            "message": {}}
+
+
+TIMED_OUT = an_error(1, 2.0, "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:81] "
+                             "Timed out waiting 3000ms for recv operation to complete")
+LOST = an_error(0, 1.0, "another rank ended first (RuntimeError: [../gloo/transport/tcp/"
+                        "pair.cc:561] Connection closed by peer [127.0.0.1]:9115); ...",
+                lost_peer=True)
+
+
+def test_planted_lost_peer_file_first_the_launcher_names_the_rank_that_failed():
+    """The build's case: rank 0's file (it lost its peer) is a second older than rank 1's
+    timeout, the cause."""
+    error = launcher.failure(1, [LOST, TIMED_OUT], [])
+    assert error.rank == 1 and str(error).startswith("rank 1 failed with exit code 1: "
+                                                     "RuntimeError: [../gloo"), str(error)
+
+
+def test_right_case_the_first_file_is_the_cause_and_is_named():
+    error = launcher.failure(1, [TIMED_OUT, dict(LOST, time=3.0)], [])
+    assert error.rank == 1 and "Timed out" in str(error), str(error)
+    # a rank that lost its peer, and no other failure to blame: it is named
+    assert launcher.failure(1, [LOST], []).rank == 0
+
+
+def torchrun_summary(lines):
+    """torchrun's summary of a failed run, from its printed lines: the rank torchrun's own
+    'failed' line names, and each failure's rank and 'traceback :' line, the cause first."""
+    named = next(int(line.rsplit("local_rank: ", 1)[1].split()[0]) for line in lines
+                 if "failed (exitcode:" in line)
+    text = "\n".join(lines)
+    cause = text[text.index("Root Cause (first observed failure):"):]
+    others = text[text.index("Failures:"):text.index("Root Cause")]
+    def failures(part):
+        return [(int(rank), said) for rank, said in
+                re.findall(r"rank\s+: (\d+) [^\n]*\n(?:[^\n]*\n)*?\s*traceback : ([^\n]*)", part)]
+    return named, failures(cause), failures(others)
+
+
+SURVIVOR_AND_VICTIM = """import os, pathlib, signal, sys, time
+sys.path.insert(0, {root!r})
+from ddp_scripts import runfiles
+from ddp_scripts.mishaps import peer_lost
+told = pathlib.Path({told!r})
+if os.environ["RANK"] == "0":
+    # rank 0 records that it lost its peer just before a second begins ...
+    while time.time() % 1 < 0.8:
+        time.sleep(0.01)
+    runfiles.write_error_file(peer_lost(RuntimeError("Connection reset by peer")), exit_code=1,
+                              rank=0, with_stack=False, lost_peer=True)
+    told.write_text(str(time.time()))
+    time.sleep(60)   # and waits, as a rank does that torchrun has not stopped yet
+else:
+    # ... and rank 1, which it lost, dies in that next second
+    while not told.exists() or not told.read_text():
+        time.sleep(0.01)
+    while int(time.time()) == int(float(told.read_text())):
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_planted_survivor_file_a_second_before_the_death_torchrun_names_the_killed_rank(tmp_path):
+    """Rank 0's error file (a lost peer) is written in the second before rank 1 dies, and
+    torchrun times rank 1 by its poll: rounded down, rank 0's time would be the earliest."""
+    script = tmp_path / "killed.py"
+    script.write_text(SURVIVOR_AND_VICTIM.format(root=str(ROOT), told=str(tmp_path / "told")))
+    lines = []
+    with pytest.raises(LaunchError) as caught:
+        run_command(torchrun_command(str(script), 2), timeout=120, echo=lines.append)
+    assert caught.value.rank == 1, str(caught.value)
+    named, cause, others = torchrun_summary(lines)
+    assert named == 1 and [rank for rank, _ in cause] == [1], "\n".join(lines)
+    # and the survivor's line stands in its traceback's place, not an empty one
+    assert others == [(0, "PeerLost: another rank ended first (RuntimeError: Connection reset by "
+                          "peer); its own output, or torchrun's exit code for it, says why; the "
+                          "last checkpoint saved, if any, is whole")], "\n".join(lines)
+
+
+@pytest.mark.timeout(300)
+def test_planted_one_line_stop_torchruns_summary_shows_the_line(tmp_path):
+    """A rank that stops with one line (a UsageError) under torchrun: torchrun's summary
+    quotes the line where a traceback would be, and names that rank."""
+    script = tmp_path / "refuses.py"
+    script.write_text(f"""import os, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from ddp_scripts.cli import UsageError, run_cli
+
+def main():
+    if os.environ["RANK"] == "1":
+        raise UsageError("--out x cannot be written: Not a directory")
+    time.sleep(60)
+
+run_cli(main)
+""")
+    lines = []
+    with pytest.raises(LaunchError) as caught:
+        run_command(torchrun_command(str(script), 2), timeout=120, echo=lines.append)
+    assert caught.value.rank == 1 and caught.value.exit_code == 2, str(caught.value)
+    named, cause, _ = torchrun_summary(lines)
+    assert named == 1 and cause == [(1, "UsageError: --out x cannot be written: Not a directory")], \
+        "\n".join(lines)
+
+
+@pytest.mark.timeout(300)
+def test_right_case_an_uncaught_error_keeps_its_traceback_in_torchruns_summary(tmp_path):
+    script = tmp_path / "breaks.py"
+    script.write_text(f"""import os, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from ddp_scripts.cli import run_cli
+
+def main():
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank one broke")
+    time.sleep(60)
+
+run_cli(main)
+""")
+    lines = []
+    with pytest.raises(LaunchError):
+        run_command(torchrun_command(str(script), 2), timeout=120, echo=lines.append)
+    named, cause, _ = torchrun_summary(lines)
+    assert named == 1 and cause == [(1, "Traceback (most recent call last):")], "\n".join(lines)
+    assert "  ValueError: rank one broke" in lines, "\n".join(lines)   # its last line, indented

@@ -60,6 +60,14 @@ def test_ddp_equals_one_process_after_an_epoch_in_float32():
     assert moved_from_the_start(ddp, torch.float32) > 1e-3
 
 
+def test_the_chapters_checks_call_the_gap_between_ddp_and_one_process_rounding():
+    """The lines under chapter 5's table (notebooks/ddp_figures.py: each check has a planted
+    flaw in tests/figures/test_figures_ch05.py): on the book's own runs, rounding only."""
+    output = output_of("05_distributed_data_parallel", "ch05-42")
+    assert output.count("difference below 1% of the change: True") == 2, output
+    assert "the gap shrank with the precision, so it is rounding" in output, output
+
+
 def test_ddp_metrics_and_checkpoint_contract():
     out = built_run("ch05-ddp")
     rows = metrics_rows(out, strict=True)
@@ -99,9 +107,18 @@ def test_a_killed_rank_restarts_and_ends_with_the_uninterrupted_model():
     report = output_of("08_troubleshooting", "ch08-killer-report")
     assert "restarts: 1 " in report, report
     assert re.search(r"killed rank 1 \(pid \d+\) with SIGKILL", report), report
-    # torchrun's "failed" line names one worker: the killed one (-9) or, as seen in some
-    # builds, the survivor it stopped with SIGTERM (-15). The killer's report is the evidence.
-    assert re.search(r"failed \(exitcode: -(9|15)\)", output), output[-3000:]
+    # torchrun names the killed rank, not the survivor it stopped: the survivor's error file
+    # sorts after the death (runfiles.write_error_file, lost_peer)
+    assert re.search(r"failed \(exitcode: -9\) local_rank: 1\b", output), output[-3000:]
+    # what the page says the survivor reported is what it printed above
+    survivor = re.search(r"^the survivor: (.*)$", report, re.MULTILINE)
+    assert survivor, report
+    if "(it lost its peer): " in survivor[1]:
+        said = survivor[1].split("(it lost its peer): ", 1)[1]
+        assert f"[rank 0] error: {said}" in output, (survivor[1], output[-3000:])
+    else:
+        assert "rank 0 wrote no error file in attempt 0" in survivor[1], survivor[1]
+        assert "[rank 0] error:" not in output, output[-3000:]
     assert [row["epoch"] for row in metrics_rows(built_run("ch08-restarted"), strict=True)] \
         == [1, 2]   # each epoch once, although epoch 2 ran twice
     reference, restarted = checkpoint("ch08-uninterrupted"), checkpoint("ch08-restarted")
@@ -118,6 +135,30 @@ def test_a_rank_that_skips_a_collective_fails_with_the_groups_timeout():
     # timeout, and either may fail first: the group's own 3 s timeout must be in the output.
     assert "Timed out waiting 3000ms" in output, output
     assert re.search(r"^LaunchError: .*exit code 1\b", output, re.MULTILINE), output
+    # the count is of ranks, from their records: each rank that timed out and printed its
+    # traceback (torchrun may end it first) is one, however often the output repeats it
+    timed_out = set(re.findall(r"\[rank(\d+)\]: RuntimeError: .*Timed out", output))
+    counted = re.search(r"From each rank's own record: (\d) of 2 ranks timed out", output)
+    assert counted and len(timed_out) <= int(counted[1]) and 1 <= int(counted[1]) <= 2, output
+
+
+def test_torchruns_summary_is_shown_with_a_root_cause_that_is_not_blank():
+    shown = output_of("08_troubleshooting", "ch08-torchrun-summary")
+    assert re.search(r"^torchrun's own traceback: \d+ lines", shown), shown
+    cause = shown[shown.index("Root Cause (first observed failure):"):]
+    assert re.search(r"traceback : \S", cause) and "Timed out" in cause, shown
+
+
+def test_the_stops_show_a_folder_in_use_and_a_resume_that_would_train_differently():
+    in_use = output_of("08_troubleshooting", "ch08-stops-in-use")
+    assert re.search(r"^the second run: exit status 2: .* is in use by another run", in_use,
+                     re.MULTILINE), in_use
+    assert "the first run: exit status -15: interrupted (SIGTERM)" in in_use, in_use
+    resumed = output_of("08_troubleshooting", "ch08-stops-resume-run")
+    assert re.search(r"^--resume --lr 0.1: exit status 2: .*was trained with --lr 0.01", resumed,
+                     re.MULTILINE), resumed
+    assert re.search(r"^--resume --epochs 1: exit status 0: .*nothing to train", resumed,
+                     re.MULTILINE), resumed
 
 
 def test_a_node_that_never_joins_fails_with_the_static_rendezvous_timeout():
@@ -217,34 +258,41 @@ def test_the_memory_calculator_equals_what_every_rank_held():
 
 
 def test_every_ranks_predicted_peak_is_the_one_torchs_tracker_saw():
-    """Chapter 11's peaks: memory_plan.peak_plan's, for every strategy and rank, within its
-    tolerance of MemTracker's and FSDPMemTracker's, as the chapter prints them."""
-    from ddp_scripts.recorders.memory_plan import PEAK_STRATEGIES, peak_agrees, peak_plan
+    """Chapter 11's peaks, as it prints them: memory_plan.peak_plan's, for every strategy and
+    rank, equal to the byte to MemTracker's and FSDPMemTracker's in fake mode, and each
+    block's forward too; the gloo run beside it held what fake mode held, or on an FSDP rank at
+    most gloo's clone more."""
     from notebooks.fsdp_memory import plan_for, read_peaks, read_run
+    from ddp_scripts.recorders.memory_plan import peak_plan
     _, settings = read_run(built_run("ch11-memory") / "memory.jsonl")
-    tracked = read_peaks(built_run("ch11-memory") / "peaks.jsonl")
-    predicted = plan_for(settings, peak_plan)
-    assert {s for s, _ in tracked} == set(PEAK_STRATEGIES) and len(tracked) == 1 + 4 * 4
-    for (strategy, rank), record in tracked.items():
-        assert peak_agrees(predicted[strategy][rank]["peak"], record["tracked_peak"]), (
-            strategy, rank)
+    gloo = read_peaks(built_run("ch11-memory") / "peaks.jsonl")
+    assert settings["world_size"] == 4 and len(gloo) == 1 + 4 * 4
     output = output_of("11_fsdp", "ch11-peak-check")
-    assert "every row within 3%: True" in output, output
-    # On this model FSDP's peak falls in a block's backward: without the prefetched block's
-    # all-gather buffer, the rules miss every FSDP rank's peak
-    blind = plan_for(settings, peak_plan, rules={"all-gather buffers": False})
-    assert not any(peak_agrees(blind["FSDP"][rank]["peak"], record["tracked_peak"])
-                   for (strategy, rank), record in tracked.items() if strategy == "FSDP")
-    # Each block's forward, its copy-out beside the previous unit's all-gather output, is
-    # FSDPMemTracker's peak there; without that buffer every forward point is missed
-    for rules, agree in (({}, all), ({"all-gather buffers": False}, lambda oks: not any(oks))):
-        planned = plan_for(settings, peak_plan, rules=rules)["FSDP"]
-        oks = [peak_agrees(planned[rank]["points"][f"forward of {block}"], value)
-               for (strategy, rank), record in tracked.items() if strategy == "FSDP"
-               for block, value in record["forward_peaks"].items()]
-        assert len(oks) == 4 * settings["depth"] and agree(oks), (rules, oks)
-    forward = f"{4 * settings['depth']} of {4 * settings['depth']} points within 3%"
-    assert forward in output, output
+    rows = 1 + 4 * settings["world_size"]
+    assert f"{rows} of {rows} rows equal to the byte; the largest gap 0 B" in output, output
+    points = settings["world_size"] * settings["depth"]
+    assert f"{points} of {points} points equal to the tracker's peak there" in output, output
+    assert f"{rows} within what gloo may add" in output, output
+    assert "a rule is missing or wrong" not in output, output
+    # what the gloo ranks held, against the same prediction: at most gloo's clone beyond
+    predicted = plan_for(settings, peak_plan)
+    for (strategy, rank), record in gloo.items():
+        beyond = record["tracked_peak"] - predicted[strategy][rank]["peak"]
+        assert 0 <= beyond <= predicted[strategy][rank].get("gloo clone", 0), (strategy, rank)
+
+
+def test_the_calculators_cases_are_each_checked_in_fake_mode():
+    """Chapter 11's three calculator cases: every row tracked equals the prediction, the
+    14.6 GB-per-rank one included, and activations dominate the second."""
+    output = output_of("11_fsdp", "ch11-mem-form")
+    assert output.count("equal to the byte") == 3, output
+    assert "17 of 17 rows equal to the byte" in output, output
+    assert "9 of 9 rows equal to the byte" in output, output
+    lines = [line for line in output.splitlines() if "tracked in fake mode" in line]
+    assert "(one process, FSDP): 9 of 9 rows" in lines[2], lines
+    share = int(lines[1].split("per rank, ")[1].split("%")[0])
+    assert share > 50, lines[1]
+
 
 # The whole build ------------------------------------------------------------------------------
 def test_the_build_left_no_process_behind():

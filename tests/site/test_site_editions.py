@@ -157,3 +157,17 @@ def test_the_chinese_pages_generated_at_build_time_are_in_chinese():
                                   (ZH / "notebooks" / f"{path.stem}.html").read_text("utf-8"))]
     assert labels, "no recorded GPU output on the Chinese pages"
     assert all(re.search(r"[\u4e00-\u9fff]", label) for label in labels), labels[:3]
+
+
+@pytest.mark.parametrize("language, root", [("en", HTML), ("zh", ZH)])
+def test_the_front_page_states_the_gpu_boxes_the_chapters_show(editions, language, root):
+    """book/intro.md's counts (build.gpu_box_words) against the boxes on the chapters' pages."""
+    pages = [(root / "notebooks" / f"{path.stem}.html").read_text(encoding="utf-8")
+             for path, _ in CHAPTERS]
+    current = sum(page.count('class="gpu-recording gpu-recording-current"') for page in pages)
+    older = sum(page.count('class="gpu-recording gpu-recording-stale"') for page in pages)
+    missing = sum(page.count(gpu_recordings.words(language)["gpu_header_missing"]) for page in pages)
+    intro = re.sub(r"<[^>]+>", "", (root / "book" / "intro.html").read_text(encoding="utf-8"))
+    first = intro[intro.index("NVIDIA H200"):][:400]
+    stated = [int(n) for n in re.findall(r"\d+", first.replace("H200", ""))[:4]]
+    assert stated == [current + older, current, older - missing, missing], first
