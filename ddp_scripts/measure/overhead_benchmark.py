@@ -37,6 +37,7 @@ from ddp_scripts.options import ArgumentParser, count  # noqa: E402
 from ddp_scripts.measure.hardware import describe_hardware  # noqa: E402
 from ddp_scripts.launcher import (free_port, run_command, run_script,  # noqa: E402
                                   torchrun_command)
+from ddp_scripts.ranks import leave_process_group  # noqa: E402
 
 JOIN_ONLY = """
 import torch.distributed as dist
@@ -67,7 +68,8 @@ def bare_loop_samples_per_s(samples, batch_size, threads, epochs, wrap_in_ddp=Fa
             optimizer.step()
         speeds.append(samples / (time.perf_counter() - start))
     if wrap_in_ddp:
-        dist.destroy_process_group()
+        del model, optimizer  # DDP's Reducer goes before its group (ranks.leave_process_group)
+        leave_process_group()
     return statistics.median(speeds[1:])  # the first epoch warms up
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_scripts.checkpoints import write_atomically
+from ddp_scripts.ranks import leave_process_group
 
 
 def join_group(timeout_s=60):
@@ -29,10 +30,14 @@ def gather(value):
     return values
 
 
+def all_equal(values):
+    """Whether every rank's value equals rank 0's (values as gather returns them)."""
+    return all(value == values[0] for value in values)
+
+
 def same_on_every_rank(value):
     """Whether every rank holds the same value (any picklable value)."""
-    values = gather(value)
-    return all(v == values[0] for v in values)
+    return all_equal(gather(value))
 
 
 def largest_difference(first, second):
@@ -84,4 +89,4 @@ def main(demos, description):
     for name in args.demos or list(demos):
         write_result(args.out, name, demos[name](args.out))
         dist.barrier()
-    dist.destroy_process_group()
+    leave_process_group()  # after every DDP model is freed

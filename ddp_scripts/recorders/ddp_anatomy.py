@@ -39,7 +39,7 @@ from ddp_scripts.cli import run_cli
 from ddp_scripts.models import build_model
 from ddp_scripts.options import ArgumentParser, count
 from ddp_scripts.practice.hooks import attach_timers
-from ddp_scripts.ranks import init_process_group
+from ddp_scripts.ranks import init_process_group, leave_process_group
 
 
 def job():
@@ -128,7 +128,7 @@ def main():
         (out / "anatomy.json").write_text(json.dumps({"torch": torch.__version__,
                                                       "ranks": ranks}, indent=1))
     dist.barrier()
-    dist.destroy_process_group()
+    leave_process_group()  # after every DDP model is freed
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from torch.utils._pytree import tree_leaves
 from ddp_scripts import sharding
 from ddp_scripts.cli import run_cli
 from ddp_scripts.options import ArgumentParser, count
+from ddp_scripts.ranks import leave_process_group
 from ddp_scripts.sharding import WideMLP, local_bytes
 
 SETUPS = ["ddp", "fsdp", "fsdp-keep", "fsdp-bf16", "fsdp-one-unit"]
@@ -276,7 +277,7 @@ def main():
                    "batch_size": args.batch_size, "results": results, **extra}
         (out / "anatomy.json").write_text(json.dumps(summary, indent=1))
     dist.barrier()
-    dist.destroy_process_group()
+    leave_process_group()  # after every DDP model is freed
 
 
 if __name__ == "__main__":

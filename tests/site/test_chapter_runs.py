@@ -149,6 +149,20 @@ def test_torchruns_summary_is_shown_with_a_root_cause_that_is_not_blank():
     assert re.search(r"traceback : \S", cause) and "Timed out" in cause, shown
 
 
+def test_the_knot_outlives_sigterm_and_ends_by_sigkill():
+    shown = output_of("08_troubleshooting", "ch08-exit-knot")
+    if "needs Linux" in shown:
+        pytest.skip("the demonstration runs on Linux only")
+    assert "still running 3 s after SIGTERM: True" in shown, shown
+    assert "exit status after SIGKILL: -9" in shown, shown
+
+
+def test_the_exit_benchmark_table_shows_both_orders():
+    shown = output_of("08_troubleshooting", "ch08-exit-benchmark")
+    assert re.search(r"model freed before the group: \d+ of \d+ runs hung", shown), shown
+    assert re.search(r"model freed after the group: \d+ of \d+ runs hung", shown), shown
+
+
 def test_the_stops_show_a_folder_in_use_and_a_resume_that_would_train_differently():
     in_use = output_of("08_troubleshooting", "ch08-stops-in-use")
     assert re.search(r"^the second run: exit status 2: .* is in use by another run", in_use,
