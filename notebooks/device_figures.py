@@ -8,6 +8,10 @@ reports, as one JSON line, how torch parses the variable and which GPUs it then 
 UUID). `draw_visible_devices` puts each child's cuda:N beside the physical GPU with the same
 UUID. `placements` makes a tensor and a model, moves both with .to(device), and records where
 each tensor lives and how many bytes it holds; `draw_placements` draws that.
+
+The chapters' verdicts on what a child saw are decided here too, from the UUIDs it reported:
+`renumbered_line` (the variable set before CUDA starts) and `late_setting_line` (set after);
+and `code_for_cards`, whether this build has GPU code for a card, by torch's own rule.
 """
 import json
 import os
@@ -226,3 +230,43 @@ def draw_local_ranks(ax, workers):
     ax.set_ylim(len(workers) - 0.4, -0.6)
     ax.axis("off")
     return drawn
+
+
+def kernel_numbers(kernel_uuids, uuids):
+    """This kernel's numbers (cuda:N) for the GPUs a child saw, given by UUID."""
+    return [f"cuda:{kernel_uuids.index(u)}" if u in kernel_uuids else "a GPU this kernel lacks"
+            for u in uuids]
+
+
+def renumbered_line(kernel_uuids, seen, physical):
+    """Whether a child told CUDA_VISIBLE_DEVICES=<physical> saw that GPU alone, as its cuda:0:
+    one line. kernel_uuids: this kernel's GPUs, in its numbering (every GPU when its own variable
+    is unset); seen: the UUIDs the child saw, in its numbering."""
+    numbers = kernel_numbers(kernel_uuids, seen)
+    if physical < len(kernel_uuids) and seen == [kernel_uuids[physical]]:
+        return (f"The child's cuda:0 is this kernel's {numbers[0]}: physical GPU {physical}, "
+                "renumbered.")
+    return (f"The child saw {', '.join(numbers) or 'no GPU'}: NOT this kernel's "
+            f"cuda:{physical} alone as its cuda:0.")
+
+
+def late_setting_line(kernel_uuids, seen, value):
+    """Whether a child that set CUDA_VISIBLE_DEVICES=<value> after CUDA had started still has
+    every GPU of this kernel, in the same order (the setting came too late): one line."""
+    numbers = kernel_numbers(kernel_uuids, seen)
+    if seen == list(kernel_uuids):
+        return (f"The variable now says {value}, yet the child still has all {len(seen)} GPU(s), "
+                f"and its cuda:0 is this kernel's {numbers[0]}: the setting came too late.")
+    return (f"The variable says {value}, and the child has {', '.join(numbers) or 'no GPU'}, "
+            f"NOT all {len(kernel_uuids)} of this kernel's: the setting took effect.")
+
+
+def code_for_cards(cards, arch_list):
+    """{card: whether this build has code that runs on it}, by torch's own rule
+    (torch.cuda._code_compatible_with_device, which torch's start-up warning uses).
+    cards: {name: (major, minor)}; arch_list: torch.cuda.get_arch_list()."""
+    import torch
+    code = [torch.cuda._extract_arch_version(arch) for arch in arch_list]
+    return {card: any(torch.cuda._code_compatible_with_device(10 * major + minor, c)
+                      for c in code)
+            for card, (major, minor) in cards.items()}

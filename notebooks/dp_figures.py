@@ -1,6 +1,7 @@
 """Chapter 4's figures: one DataParallel step, and what each device holds during it.
 
     from notebooks.dp_figures import scatter_pieces, draw_step, device_bytes, draw_loads
+    from notebooks.dp_figures import step_to_draw, loads_title, has_module_prefix
 
 The numbers come from torch itself: the pieces from `Tensor.chunk` (what DataParallel's scatter
 uses when it is given no chunk sizes), the bytes from the tensors of a model run on the meta
@@ -27,6 +28,18 @@ def pieces_seen(seen):
     for device, shape in seen:
         pieces[device] = pieces.get(device, 0) + shape[0]
     return pieces
+
+
+def step_to_draw(seen, output_device, batch_size=30, devices=4):
+    """What the figure of one step draws, and how it says it was found: (pieces, gathered on,
+    how). The pieces the replicas noted (`seen`: (device, input shape) records) where more
+    than one replica ran, a scatter; else Tensor.chunk's pieces for `devices` GPUs, said to be
+    computed, not run here."""
+    if len({device for device, _ in seen}) > 1:
+        pieces = dict(sorted(pieces_seen(seen).items(), key=lambda item: int(item[0][5:])))
+        return pieces, str(output_device), f"as the replicas on {len(pieces)} GPUs noted it"
+    pieces = {f"cuda:{i}": rows for i, rows in enumerate(scatter_pieces(batch_size, devices))}
+    return pieces, "cuda:0", f"for {devices} GPUs, from Tensor.chunk (not run here)"
 
 
 def draw_step(ax, pieces, output_device):
@@ -150,3 +163,18 @@ def draw_loads(ax, loads, peaks=None):
             for device, parts in loads.items()}
     total = {device: size / MIB for device, size in (peaks or {}).items()}
     return stacked_bars(ax, bars, unit="MiB", total=total or None)
+
+
+def loads_title(model, batch_size, devices, peaks, gpu_name=None):
+    """The title of the loads figure: measured only where there are measured peaks."""
+    if peaks:
+        return (f"{model}, batch {batch_size}: parts computed, peaks (|) measured\n"
+                f"on {len(peaks)} x {gpu_name}")
+    return (f"{model}, batch {batch_size}, {devices} GPUs: computed from\n"
+            "tensor sizes on a CPU, not measured")
+
+
+def has_module_prefix(names):
+    """Whether a state_dict's names carry the `module.` that DataParallel and DDP add: a
+    checkpoint saved from the wrapper, not from the model inside it."""
+    return any(name.startswith("module.") for name in names)

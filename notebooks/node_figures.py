@@ -1,6 +1,8 @@
-"""Chapter 6: the two-node rehearsal drawn from what its workers wrote (ddp_scripts/recorders/who_am_i.py).
+"""Chapter 6: the two-node rehearsal drawn from what its workers wrote (ddp_scripts/recorders/who_am_i.py),
+and the chapter's checks of this machine's network and of the installed torch.
 
     from notebooks.node_figures import who_am_i_command, read_workers, draw_nodes, draw_rendezvous
+    from notebooks.node_figures import ask_store, listens_line, binds_line, api_available
 """
 import json
 import sys
@@ -82,3 +84,58 @@ def draw_rendezvous(ax, workers):
     drawn = timeline(ax, rendezvous_rows(workers), unit="s")
     ax.set_xlabel("seconds since the first launcher started")
     return drawn
+
+
+def ask_store(address, port, key="who", timeout_s=20):
+    """The value of `key` in the TCPStore at address:port, read by a client of its own; the
+    error, as text, where no store answers there within timeout_s seconds."""
+    import datetime
+
+    import torch.distributed as dist
+    try:
+        client = dist.TCPStore(address, port, world_size=2, is_master=False,
+                               timeout=datetime.timedelta(seconds=timeout_s))
+        return client.get(key).decode()
+    except RuntimeError as error:   # torch's DistNetworkError, DistStoreError, ...
+        return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+
+
+def listens_line(name, answers, expected="the master"):
+    """Whether a store started under `name` answered through every other address: one line.
+    answers: {address: what ask_store read there}."""
+    missed = [address for address, answer in answers.items() if answer != expected]
+    loopback = [address for address in answers if address.startswith("127.")]
+    if not answers:
+        return (f"The store started under the name {name}: this machine has no other address "
+                "to reach it through, so where it listens cannot show here.")
+    if missed:
+        return (f"The store started under the name {name} did NOT answer through "
+                f"{', '.join(missed)} ({answers[missed[0]]}): it does not listen on all of "
+                "this machine's addresses.")
+    return (f"The store started under the name {name} answered through {len(answers)} other "
+            f"address(es) of this machine: {', '.join(loopback) or 'no loopback address'}, "
+            f"and {len(answers) - len(loopback)} more (not printed here): it listens on all "
+            "of them.")
+
+
+def binds_line(address):
+    """Where gloo binds when GLOO_SOCKET_IFNAME is not set, the address this machine's host
+    name resolves to (or the error, as text): one line, which says when no other machine can
+    reach it."""
+    import ipaddress
+    try:
+        loopback = ipaddress.ip_address(address).is_loopback
+    except ValueError:   # not an address: the name did not resolve
+        loopback = False
+    return (f"This machine's host name resolves to {address}: where GLOO_SOCKET_IFNAME is not "
+            "set, gloo binds there"
+            + (", a loopback address that no other machine can reach" if loopback else ""))
+
+
+def api_available(module, name):
+    """Whether the installed torch has `module`.`name` (False where the module is missing)."""
+    import importlib
+    try:
+        return hasattr(importlib.import_module(module), name)
+    except ImportError:
+        return False

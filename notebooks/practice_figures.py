@@ -1,6 +1,6 @@
 """Chapter 9's figures, drawn from what ddp_scripts/practice/hooks.py recorded on the ranks.
 
-    from notebooks.practice_figures import overlap_rows, draw_overlap, draw_no_sync
+    from notebooks.practice_figures import overlap_rows, draw_overlap, draw_no_sync, overlap_line
 
 The chapter's cells and tests/figures/test_figures_ch09.py call the same functions.
 """
@@ -30,6 +30,17 @@ def overlap_rows(steps_per_rank, step):
                 (b["launched"] - origin, b["finished"] - origin, "all-reduce")
                 for b in events["buckets"] if b["index"] == index]
     return rows
+
+
+def overlap_line(steps_per_rank, step=-1):
+    """Whether bucket 0's all-reduce was launched before the rank's last gradient was ready,
+    in step `step` of every rank: one line."""
+    late = [rank for rank, steps in enumerate(steps_per_rank)
+            if steps[step]["buckets"][0]["launched"] >= max(t for _, t in steps[step]["ready"])]
+    number = step % len(steps_per_rank[0]) + 1
+    return f"step {number}: " + (
+        "bucket 0's all-reduce started while backward still ran, on every rank" if not late
+        else f"on rank(s) {late}, bucket 0's all-reduce started only after backward ended")
 
 
 def draw_overlap(overlap, steps=(0, -1)):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_scripts.practice.group import gather, largest_difference, main
+from ddp_scripts.practice.group import all_equal, gather, largest_difference, main
 
 STEPS, BATCH, LR = 20, 16, 0.05
 
@@ -64,6 +64,12 @@ def fingerprint(tensors):
     return hashlib.sha256(b"".join(t.numpy().tobytes() for t in tensors)).hexdigest()[:16]
 
 
+def same_tensors(first, second):
+    """Whether two state_dicts have the same names and equal tensors, bit for bit."""
+    return first.keys() == second.keys() and all(torch.equal(first[name], second[name])
+                                                  for name in first)
+
+
 def counting_hook(counter, bucket):
     """DDP's own all-reduce of one bucket of gradients, counted."""
     counter["all_reduces"] += 1
@@ -102,13 +108,13 @@ def demo(out):
         torch.save(by_hand.state_dict(), checkpoint)
     dist.barrier()                                 # without it, rank 1 may read too early
     loaded = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    same_as_saved = all(torch.equal(loaded[k], v) for k, v in by_hand.state_dict().items())
+    same_as_saved = same_tensors(loaded, by_hand.state_dict())
     return {
         "world_size": world_size, "steps": STEPS, "batch_per_rank": BATCH,
         "dtype": "float64",
         "parameter_tensors": len(mine), "parameters": sum(p.numel() for p in mine),
         "largest_difference_hand_vs_ddp": largest_difference(mine, theirs),
-        "identical_on_every_rank": len(set(gather(fingerprint(mine)))) == 1,
+        "identical_on_every_rank": all_equal(gather(fingerprint(mine))),
         "all_reduces_per_step_by_hand": hand_calls // STEPS,
         "all_reduces_per_step_ddp": ddp_counts["all_reduces"],
         "all_reduces_per_step_ddp_small_buckets": small_counts["all_reduces"],

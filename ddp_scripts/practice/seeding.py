@@ -21,7 +21,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from ddp_scripts.practice.group import gather, main
+from ddp_scripts.practice.group import all_equal, gather, main
 
 SEED, IMAGES = 0, 4
 
@@ -34,6 +34,15 @@ def augmentations(generator):
             for (dx, dy), flip in zip(offsets.tolist(), flips.tolist())]
 
 
+def whose_rows(whole, inits):
+    """For each row of the weight FSDP trains, the first rank whose own initialisation has it
+    (None: no rank's), and whether the whole weight is rank 0's initialisation."""
+    return {"row_from_rank": [next((r for r, init in enumerate(inits)
+                                    if torch.equal(whole[i], init[i])), None)
+                              for i in range(len(whole))],
+            "equal_to_rank_0s_init": torch.equal(whole, inits[0])}
+
+
 def stitched_by_fsdp(rank, world_size):
     """A layer initialised with seed + rank on each rank, then sharded: whose rows is it?"""
     torch.manual_seed(SEED + rank)                  # the mistake, for weights
@@ -42,11 +51,7 @@ def stitched_by_fsdp(rank, world_size):
     fully_shard(layer, mesh=init_device_mesh("cpu", (world_size,)))
     whole = layer.weight.full_tensor().detach()     # the model FSDP trains
     rows = len(whole) // world_size                 # rank r holds rows r*rows ... on dim 0
-    return {"row_from_rank": [next((r for r in range(world_size)
-                                    if torch.equal(whole[i], mine[r][i])), None)
-                              for i in range(len(whole))],
-            "equal_to_rank_0s_init": torch.equal(whole, mine[0]),
-            "rows_per_rank": rows}
+    return {**whose_rows(whole, mine), "rows_per_rank": rows}
 
 
 def demo(out):
@@ -55,8 +60,8 @@ def demo(out):
     own_seed = torch.Generator().manual_seed(SEED + rank)      # the fix: a seed per rank
     bug, fix = gather(augmentations(same_seed)), gather(augmentations(own_seed))
     return {"seed": SEED, "images": IMAGES,
-            "same_seed": bug, "same_seed_identical": all(b == bug[0] for b in bug),
-            "seed_plus_rank": fix, "seed_plus_rank_identical": all(f == fix[0] for f in fix),
+            "same_seed": bug, "same_seed_identical": all_equal(bug),
+            "seed_plus_rank": fix, "seed_plus_rank_identical": all_equal(fix),
             "fsdp_weights_seeded_per_rank": stitched_by_fsdp(rank, dist.get_world_size())}
 
 

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_scripts.checkpoints import write_atomically
 from ddp_scripts.practice.by_hand import fingerprint, make_model, my_batches, train_by_hand
-from ddp_scripts.practice.group import counting_all_reduces, gather, main
+from ddp_scripts.practice.group import all_equal, counting_all_reduces, gather, main
 
 TIMEOUT_S, MOMENTUM = 3, 0.9
 
@@ -105,7 +105,8 @@ def one_more_epoch(model, optimizer, batches):
 
 
 def same_everywhere(tensors):
-    return len(set(gather(fingerprint([t.detach() for t in tensors])))) == 1
+    """Whether every rank holds the same tensors, bit for bit."""
+    return all_equal(gather(fingerprint([t.detach() for t in tensors])))
 
 
 def momentum_buffers(optimizer):

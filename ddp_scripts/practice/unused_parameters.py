@@ -70,6 +70,11 @@ def two_steps(model, batches):
     return steps_done, None
 
 
+def failed_on_every_rank(errors):
+    """Whether every rank's step raised (errors: each rank's error text, None where none)."""
+    return all(error is not None for error in errors)
+
+
 def demo(out):
     batches = my_batches(dist.get_rank(), dist.get_world_size())
     # 1. Plain DDP: the first step passes, the second refuses to start.
@@ -88,7 +93,7 @@ def demo(out):
     fixed = runs["find_unused_parameters=True"].module
     return {
         "steps_before_the_error": steps_done,
-        "error_on_every_rank": all(e is not None for e in gather(error)),
+        "error_on_every_rank": failed_on_every_rank(gather(error)),
         "error": error,
         "error_in_a_world_of_one": error_alone,
         "spare_head_grad_is_none": fixed.spare_head.weight.grad is None,

@@ -59,3 +59,76 @@ def test_the_clock_bars_are_the_times_measured_and_skip_what_was_not(axes):
     assert drawn == {"cpu": [("clock, no wait (ms)", queued), ("clock after wait (ms)", done)]}
     assert sorted(p.get_width() for p in axes.patches) == sorted([queued, done])
     assert [t.get_text() for t in axes.get_yticklabels()] == ["cpu"]
+
+
+# The chapter's verdicts: each fed the flaw it exists to catch, and a right case.
+
+def test_planted_a_move_to_another_device_returns_another_tensor():
+    # "the same object": False where .to made a new tensor, which the code must keep
+    original = torch.tensor([0, 6, 2, 0])
+    assert original.to("meta") is not original
+
+
+def test_right_case_to_its_own_device_returns_the_tensor_itself():
+    original = torch.tensor([0, 6, 2, 0])
+    assert original.to(original.device) is original
+
+
+def test_planted_a_move_to_meta_leaves_the_optimizer_with_the_old_parameters():
+    row = loop_figures.made_before_the_move(torch.device("meta"))
+    assert row["returns net itself"] and not row["optimizer holds net's weight"]
+    assert row["optimizer's weight"].startswith("cpu") and row["net's weight"].startswith("meta")
+
+
+def test_right_case_a_move_to_float64_keeps_the_parameters():
+    row = loop_figures.made_before_the_move(torch.float64)
+    assert row["returns net itself"] and row["optimizer holds net's weight"]
+    assert row["optimizer's weight"] == row["net's weight"] == "cpu, torch.float64"
+
+
+def test_planted_outside_inference_mode_the_output_requires_grad():
+    out = build_model("cnn", seed=0)(torch.randn(2, 3, 32, 32))
+    assert out.requires_grad and not out.is_inference()
+
+
+def test_right_case_inside_inference_mode_the_output_is_an_inference_tensor():
+    with torch.inference_mode():
+        out = build_model("cnn", seed=0)(torch.randn(2, 3, 32, 32))
+    assert not out.requires_grad and out.is_inference()
+
+
+ALONE = {"copy alone": 0.70, "product alone": 2.00}
+
+
+def test_planted_a_second_stream_that_gained_nothing_is_said():
+    line = loop_figures.streams_line(ALONE, one=2.70, two=2.69)
+    assert "the product waited for the copy" in line
+    assert line.endswith("no clear gain from the second stream here.")
+
+
+def test_planted_one_stream_faster_than_the_two_added_up_is_said():
+    line = loop_figures.streams_line(ALONE, one=2.00, two=2.00)
+    assert "clearly less than their sum" in line
+
+
+def test_right_case_the_copy_ran_beside_the_product():
+    line = loop_figures.streams_line(ALONE, one=2.70, two=2.05)
+    assert "the product waited for the copy" in line
+    assert line.endswith("0.65 ms less: the copy ran beside the product.")
+
+
+def machine_load_at(monkeypatch, load, cores):
+    from notebooks import chapter_tools
+    monkeypatch.setattr(chapter_tools.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(chapter_tools.os, "sched_getaffinity", lambda pid: set(range(cores)),
+                        raising=False)
+    return chapter_tools.machine_load()
+
+
+def test_planted_more_work_than_cores_is_called_busy(monkeypatch):
+    assert "busy: more work than cores" in machine_load_at(monkeypatch, 5.6, 2)
+
+
+def test_right_case_a_machine_with_cores_to_spare_is_not_called_busy(monkeypatch):
+    line = machine_load_at(monkeypatch, 1.5, 2)
+    assert line == "load average (1 min) 1.50 on 2 usable cores"

@@ -58,3 +58,53 @@ def test_each_local_rank_is_drawn_with_the_device_its_worker_recorded(tmp_path):
     on_cpu = all(worker["device"] == "cpu" for worker in workers)
     assert (device_figures.NO_GPU in ax.get_title()) == on_cpu
     matplotlib.pyplot.close(fig)
+
+
+# The chapter's verdicts on what a child saw, fed the UUIDs of a machine with four GPUs: each
+# fed the flaw it exists to catch, and a right case.
+KERNEL = ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]   # this kernel's cuda:0 to cuda:3
+
+
+def test_planted_a_child_that_saw_another_gpu_is_not_called_renumbered():
+    assert device_figures.renumbered_line(KERNEL, ["GPU-a"], physical=1) == (
+        "The child saw cuda:0: NOT this kernel's cuda:1 alone as its cuda:0.")
+    assert "NOT" in device_figures.renumbered_line(KERNEL, ["GPU-b", "GPU-a"], physical=1)
+    assert "saw no GPU: NOT" in device_figures.renumbered_line(KERNEL[:1], [], physical=1)
+
+
+def test_right_case_physical_gpu_2_alone_as_cuda_0():
+    assert device_figures.renumbered_line(KERNEL, ["GPU-c"], physical=2) == (
+        "The child's cuda:0 is this kernel's cuda:2: physical GPU 2, renumbered.")
+
+
+def test_planted_a_setting_that_took_effect_is_not_called_too_late():
+    line = device_figures.late_setting_line(KERNEL, ["GPU-c"], "2")
+    assert line.endswith("the child has cuda:2, NOT all 4 of this kernel's: the setting took "
+                         "effect."), line
+
+
+def test_right_case_every_gpu_kept_in_order_is_too_late():
+    line = device_figures.late_setting_line(KERNEL, list(KERNEL), "2")
+    assert line == ("The variable now says 2, yet the child still has all 4 GPU(s), and its "
+                    "cuda:0 is this kernel's cuda:0: the setting came too late.")
+
+
+def worker(local_rank, device, visible="2,3"):
+    return {"LOCAL_RANK": str(local_rank), "device": device, "CUDA_VISIBLE_DEVICES": visible,
+            "visible_parsed": [2, 3]}
+
+
+def test_planted_workers_without_a_gpu_the_figure_says_there_is_none():
+    fig, ax = new_figure()
+    drawn = device_figures.draw_local_ranks(ax, [worker(0, "cpu"), worker(1, "cpu")])
+    assert device_figures.NO_GPU in ax.get_title()
+    assert [physical for _, _, physical in drawn] == ["the CPU", "the CPU"]
+    matplotlib.pyplot.close(fig)
+
+
+def test_right_case_workers_on_gpus_are_drawn_with_their_physical_gpu():
+    fig, ax = new_figure()
+    drawn = device_figures.draw_local_ranks(ax, [worker(1, "cuda:1"), worker(0, "cuda:0")])
+    assert device_figures.NO_GPU not in ax.get_title()
+    assert [physical for _, _, physical in drawn] == ["physical GPU 2", "physical GPU 3"]
+    matplotlib.pyplot.close(fig)

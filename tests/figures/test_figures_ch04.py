@@ -96,3 +96,52 @@ def test_only_the_first_device_holds_gradients_momentum_and_the_gathered_outputs
 def test_the_first_gpu_s_measured_peak_is_the_largest():
     peaks = dp_figures.measured_peaks("cnn", 64 * GPUS, GPUS)
     assert max(peaks, key=peaks.get) == "cuda:0"
+
+
+# The chapter's verdicts: each fed the flaw it exists to catch, and a right case.
+
+def test_planted_another_model_inside_the_wrapper_is_neither_the_model_nor_its_output():
+    plain, other = build_model("cnn", seed=0), build_model("cnn", seed=1)
+    wrapped = nn.DataParallel(other, device_ids=[])   # no GPU: it calls the module itself
+    images = torch.randn(8, 3, 32, 32)
+    assert wrapped.module is not plain
+    assert not torch.equal(wrapped(images), plain(images))
+
+
+def test_right_case_dataparallel_without_gpus_calls_the_model_itself():
+    plain = build_model("cnn", seed=0)
+    wrapped = nn.DataParallel(plain, device_ids=[])
+    images = torch.randn(8, 3, 32, 32)
+    assert wrapped.module is plain and torch.equal(wrapped(images), plain(images))
+
+
+def test_planted_one_replica_is_drawn_as_computed_not_as_a_scatter_noted():
+    seen = [("cuda:0", (30, 3, 32, 32))]   # one GPU: one forward pass, the whole batch
+    pieces, gathered_on, how = dp_figures.step_to_draw(seen, "cuda:0", 30, 4)
+    assert how == "for 4 GPUs, from Tensor.chunk (not run here)"
+    assert pieces == {"cuda:0": 8, "cuda:1": 8, "cuda:2": 8, "cuda:3": 6}
+
+
+def test_right_case_the_pieces_the_replicas_noted_are_drawn():
+    seen = [("cuda:1", (15, 3, 32, 32)), ("cuda:0", (15, 3, 32, 32))]
+    pieces, gathered_on, how = dp_figures.step_to_draw(seen, torch.device("cuda", 0), 30, 4)
+    assert how == "as the replicas on 2 GPUs noted it"
+    assert list(pieces.items()) == [("cuda:0", 15), ("cuda:1", 15)] and gathered_on == "cuda:0"
+
+
+def test_planted_no_measured_peaks_the_title_says_not_measured():
+    title = dp_figures.loads_title("ResNet-18", 512, 4, None)
+    assert title.endswith("computed from\ntensor sizes on a CPU, not measured")
+
+
+def test_right_case_measured_peaks_are_said_to_be_measured():
+    title = dp_figures.loads_title("ResNet-18", 256, 2, {"cuda:0": 5, "cuda:1": 3}, "NVIDIA H200")
+    assert title == "ResNet-18, batch 256: parts computed, peaks (|) measured\non 2 x NVIDIA H200"
+
+
+def test_planted_a_checkpoint_of_the_wrapper_has_the_module_prefix():
+    assert dp_figures.has_module_prefix(nn.DataParallel(Net()).state_dict())
+
+
+def test_right_case_a_checkpoint_of_the_model_inside_has_none():
+    assert not dp_figures.has_module_prefix(nn.DataParallel(Net()).module.state_dict())

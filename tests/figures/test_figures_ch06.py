@@ -76,3 +76,46 @@ def test_who_am_i_outside_torchrun_is_one_line_and_a_non_zero_exit(tmp_path):
     assert child.stderr.strip().splitlines() == [
         "error: RANK, LOCAL_RANK, GROUP_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, "
         "MASTER_PORT not set: start this script with torchrun"]
+
+
+# The chapter's checks of this machine's network and of the installed torch: each fed the flaw
+# it exists to catch, and a right case.
+
+def test_planted_an_address_where_no_store_listens_is_named():
+    port = free_port()   # nothing listens there
+    answers = {"127.0.0.1": node_figures.ask_store("127.0.0.1", port, timeout_s=1)}
+    line = node_figures.listens_line("127.0.1.1", answers)
+    assert line.startswith("The store started under the name 127.0.1.1 did NOT answer through "
+                           "127.0.0.1 (DistNetworkError: "), line
+
+
+def test_right_case_a_store_under_127_0_1_1_answers_through_127_0_0_1():
+    import datetime
+
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.1.1", 0, world_size=2, is_master=True,
+                          wait_for_workers=False, timeout=datetime.timedelta(seconds=20))
+    store.set("who", "the master")
+    answers = {"127.0.0.1": node_figures.ask_store("127.0.0.1", store.port)}
+    assert node_figures.listens_line("127.0.1.1", answers).endswith(
+        "answered through 1 other address(es) of this machine: 127.0.0.1, and 0 more (not "
+        "printed here): it listens on all of them.")
+    del store
+
+
+def test_planted_a_host_name_on_127_0_1_1_is_called_unreachable():
+    assert node_figures.binds_line("127.0.1.1").endswith(
+        "gloo binds there, a loopback address that no other machine can reach")
+
+
+def test_right_case_a_routable_address_is_not():
+    assert node_figures.binds_line("192.0.2.7").endswith("gloo binds there")
+
+
+def test_planted_a_missing_api_is_not_in_this_version():
+    assert not node_figures.api_available("torch.distributed.fsdp", "no_such_function")
+    assert not node_figures.api_available("torch.distributed.no_such_module", "fully_shard")
+
+
+def test_right_case_fully_shard_is_available():
+    assert node_figures.api_available("torch.distributed.fsdp", "fully_shard")

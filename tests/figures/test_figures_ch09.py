@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from ddp_scripts.launcher import run_command, torchrun_command
-from notebooks.practice_figures import draw_no_sync, draw_overlap, overlap_rows
+from notebooks.practice_figures import draw_no_sync, draw_overlap, overlap_line, overlap_rows
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +76,18 @@ def test_the_no_sync_figure_draws_each_micro_batchs_gradient_and_all_reduces(rec
     without = no_sync["per_rank"]["without no_sync()"][0]   # the value it reached, to rounding
     assert with_no_sync[0][every - 1]["grad"] == pytest.approx(without[every - 1]["grad"],
                                                                abs=1e-12)
+
+
+# The chapter's verdict on overlap, fed the two steps the run recorded: the first, where DDP
+# sends its one bucket after backward (the flaw the line exists to catch), and the last.
+
+def test_planted_a_bucket_sent_after_backward_is_named_with_its_ranks(recorded):
+    line = overlap_line(recorded["overlap"]["steps_per_rank"], step=0)
+    assert line == ("step 1: on rank(s) [0, 1], bucket 0's all-reduce started only after "
+                    "backward ended")
+
+
+def test_right_case_bucket_0_leaves_while_backward_still_runs(recorded):
+    runs = recorded["overlap"]["steps_per_rank"]
+    assert overlap_line(runs) == (f"step {len(runs[0])}: bucket 0's all-reduce started while "
+                                  "backward still ran, on every rank")

@@ -96,3 +96,152 @@ def test_the_backward_timers_record_every_bucket_and_leave_the_gradients_as_ddp_
             "0.weight", "0.bias", "1.weight", "1.bias"}
     finally:
         dist.destroy_process_group()
+
+
+# Chapter 9's verdicts, decided by small functions of the programs' records: each fed the flaw
+# it exists to catch, and a right case. (The programs' two-rank run is read in
+# tests/site/test_chapter9_run.py.)
+
+def test_planted_replicas_one_bit_apart_are_not_identical():
+    from ddp_scripts.practice.by_hand import fingerprint
+    from ddp_scripts.practice.group import all_equal
+    weight = torch.randn(4, 4, dtype=torch.float64)
+    drifted = weight.clone()
+    drifted[0, 0] = torch.nextafter(drifted[0, 0], torch.tensor(2.0, dtype=torch.float64))
+    assert not all_equal([fingerprint([weight]), fingerprint([drifted])])
+    assert not all_equal([[1.0, 2.0], [1.0, 2.0 + 2**-50]])   # running means, as gathered
+
+
+def test_right_case_bitwise_equal_replicas_are_identical():
+    from ddp_scripts.practice.by_hand import fingerprint
+    from ddp_scripts.practice.group import all_equal
+    weight = torch.randn(4, 4, dtype=torch.float64)
+    assert all_equal([fingerprint([weight]), fingerprint([weight.clone()])])
+    assert all_equal([[1.0, 2.0], [1.0, 2.0]])
+
+
+def momentum_after(steps):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 1).double()
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.05, momentum=0.9)
+    x = torch.randn(8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for _ in range(steps):
+        optimizer.zero_grad()
+        layer(x).square().mean().backward()
+        optimizer.step()
+    return [optimizer.state[p]["momentum_buffer"] for p in layer.parameters()]
+
+
+def test_planted_the_momentum_of_a_rank_that_skipped_a_step_differs():
+    from ddp_scripts.practice.by_hand import fingerprint
+    from ddp_scripts.practice.group import all_equal
+    assert not all_equal([fingerprint(momentum_after(5)), fingerprint(momentum_after(4))])
+
+
+def test_right_case_the_same_steps_give_the_same_momentum():
+    from ddp_scripts.practice.by_hand import fingerprint
+    from ddp_scripts.practice.group import all_equal
+    assert all_equal([fingerprint(momentum_after(5)), fingerprint(momentum_after(5))])
+
+
+def test_planted_one_seed_on_every_rank_draws_the_same():
+    from ddp_scripts.practice.group import all_equal
+    from ddp_scripts.practice.seeding import SEED, augmentations
+    draws = [augmentations(torch.Generator().manual_seed(SEED)) for rank in range(2)]
+    assert all_equal(draws)
+
+
+def test_right_case_seed_plus_rank_draws_differently():
+    from ddp_scripts.practice.group import all_equal
+    from ddp_scripts.practice.seeding import SEED, augmentations
+    draws = [augmentations(torch.Generator().manual_seed(SEED + rank)) for rank in range(2)]
+    assert not all_equal(draws)
+
+
+def test_planted_a_layer_stitched_from_two_initialisations_is_not_rank_0s():
+    from ddp_scripts.practice.seeding import whose_rows
+    inits = [torch.randn(4, 2, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+    whole = torch.cat([inits[0][:2], inits[1][2:]])   # rank r keeps rows 2r and 2r + 1
+    assert whose_rows(whole, inits) == {"row_from_rank": [0, 0, 1, 1],
+                                        "equal_to_rank_0s_init": False}
+
+
+def test_right_case_one_seed_everywhere_gives_rank_0s_layer():
+    from ddp_scripts.practice.seeding import whose_rows
+    init = torch.randn(4, 2, generator=torch.Generator().manual_seed(0))
+    assert whose_rows(init.clone(), [init, init.clone()]) == {
+        "row_from_rank": [0, 0, 0, 0], "equal_to_rank_0s_init": True}
+
+
+def test_planted_a_checkpoint_read_too_early_is_not_the_one_written():
+    from ddp_scripts.practice.by_hand import make_model, same_tensors
+    written = make_model().state_dict()
+    older = {name: tensor + 1 for name, tensor in written.items()}   # a previous run's file
+    half = dict(list(written.items())[:2])                            # a file cut short
+    assert not same_tensors(older, written) and not same_tensors(half, written)
+
+
+def test_right_case_the_checkpoint_read_is_the_one_written():
+    from ddp_scripts.practice.by_hand import make_model, same_tensors
+    written = make_model().state_dict()
+    read = {name: tensor.clone() for name, tensor in written.items()}
+    assert same_tensors(read, written)
+
+
+def test_planted_a_rank_that_did_not_fail_is_not_every_rank():
+    from ddp_scripts.practice.unused_parameters import failed_on_every_rank
+    assert not failed_on_every_rank(["Expected to have finished reduction ...", None])
+
+
+def test_right_case_both_ranks_failed():
+    from ddp_scripts.practice.unused_parameters import failed_on_every_rank
+    assert failed_on_every_rank(["Expected to have finished reduction ..."] * 2)
+
+
+def spare_head_grad(tmp_path, model):
+    """One step of DDP with find_unused_parameters=True in a world of one: spare_head's grad."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ddp = DDP(model, find_unused_parameters=True)
+        ddp(torch.randn(4, 8)).square().mean().backward()
+        return model.spare_head.weight.grad
+    finally:
+        dist.destroy_process_group()
+
+
+def test_planted_a_forward_that_uses_the_spare_head_gives_it_a_gradient(tmp_path):
+    from ddp_scripts.practice.unused_parameters import TwoHeads
+
+    class BothHeads(TwoHeads):
+        def forward(self, x):
+            features = self.body(x)
+            return self.head(features) + self.spare_head(features)
+
+    assert spare_head_grad(tmp_path, BothHeads(depth=2)) is not None
+
+
+def test_right_case_the_unused_spare_head_keeps_no_gradient(tmp_path):
+    from ddp_scripts.practice.unused_parameters import TwoHeads
+    assert spare_head_grad(tmp_path, TwoHeads(depth=2)) is None
+
+
+def test_planted_an_analyser_that_refuses_gloo_is_said_to(monkeypatch):
+    from torch.distributed.flight_recorder.components import types
+
+    from ddp_scripts.practice.uneven_inputs import analyser_reads_gloo
+
+    class OnlyNccl:   # torch 2.11's Op: it stops at a record of any backend but NCCL's and XCCL's
+        def __init__(self, event, memberships, pg_name):
+            assert event["profiling_name"].startswith("nccl:"), (
+                f"name formatting error? {event['profiling_name'].split(':')[0]} != nccl")
+
+    monkeypatch.setattr(types, "Op", OnlyNccl)
+    assert not analyser_reads_gloo()
+
+
+def test_right_case_this_torchs_analyser_reads_gloo():
+    from ddp_scripts.practice.uneven_inputs import analyser_reads_gloo
+    assert analyser_reads_gloo()
