@@ -17,14 +17,25 @@ notes the bytes of weights it holds (its shards and the units gathered whole) as
 starts its forward and its backward, and as each block is done with either: the timeline of
 gather, compute, free.
 
-Then each strategy (and DDP with gradient_as_bucket_view=True) takes two more steps under
+Then each strategy (and DDP with gradient_as_bucket_view=True) takes three more steps under
 torch's own tracker, torch.distributed._tools' MemTracker (FSDPMemTracker for FSDP): a
 TorchDispatchMode that sees the tensors made on the thread that runs it (not those a
 communication library makes on its own threads), and notes the peak, by category, and each
-FSDP block's peak in its forward. Its peak is started again before the second step, the
-one that counts: the optimizer state exists through it, as in every step
-after the first. With --device cuda (one GPU per rank, NCCL) the peak is also read from
-torch.cuda.max_memory_allocated over that step.
+FSDP block's peak in its forward. Its peak is started again before the last step, the one
+that counts: the optimizer state exists through it, as in every step after the first. With
+--device cuda (one GPU per rank, NCCL) the allocator's peaks over that step are read too:
+torch.cuda.max_memory_allocated, and the bytes requested of it (memory_stats'
+"requested_bytes.all.peak", before it rounds them up). Beside them, cuBLAS's workspaces: what
+the allocator holds after the first step beyond the optimizer state made then. cuBLAS takes
+one at the first matrix product of each handle and stream, and keeps it
+(torch.backends.cuda.cublas_workspace_size() bytes each); the forward's thread and autograd's
+backward thread each have their own handle.
+
+The same steps can run in one process with nothing allocated: fake_peaks() (or
+--fake-ranks N, without torchrun) tracks each rank in turn under FakeTensorMode, in a fake
+process group of N ranks (torch.testing._internal.distributed.fake_pg), whose collectives
+move nothing and have no thread of their own. So the tracker sees every rank's tensors as a
+run makes them, the same bytes each time, for a model far larger than this machine.
 
 Last, one tiny layer (nn.Linear(2, N), no bias: one row of weights per rank) is sharded with
 fully_shard, and every rank keeps its pieces around the two collectives: its shard before the
@@ -33,8 +44,9 @@ shard of the average after it (float64).
 
 Rank 0 writes OUT/memory.jsonl (one line per strategy and rank), OUT/peaks.jsonl (the
 tracked peaks, one line per strategy and rank) and OUT/collectives.json (the tiny layer's
-pieces, one entry per rank).
+pieces, one entry per rank); with --fake-ranks, OUT/peaks.jsonl only.
 """
+import contextlib
 import json
 import os
 import sys
@@ -47,6 +59,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.device_mesh import init_device_mesh
@@ -58,6 +71,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_scripts.cli import UsageError, run_cli
 from ddp_scripts.options import ArgumentParser, count
 from ddp_scripts.ranks import init_process_group
+from ddp_scripts.recorders.memory_plan import PEAK_STRATEGIES
 from ddp_scripts.sharding import WideMLP
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -74,11 +88,14 @@ def storage_bytes(tensors):
     return sum(storages.values())
 
 
-def build(strategy, width, depth, dtype, device):
+def build(strategy, width, depth, dtype, device, mesh=None):
     torch.manual_seed(0)
-    model = WideMLP(width, depth).to(device, dtype)
+    model = WideMLP(width, depth)
+    first = next(model.parameters())  # made in dtype already under fake_peak, whose fake
+    if first.dtype != dtype or first.device != device:  # parameters .to() cannot swap
+        model = model.to(device, dtype)
     if strategy == "FSDP":
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        mesh = mesh or init_device_mesh(device.type, (dist.get_world_size(),))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -86,10 +103,23 @@ def build(strategy, width, depth, dtype, device):
         model = DDP(model)
     elif strategy == "DDP, bucket view":
         model = DDP(model, gradient_as_bucket_view=True)
+    if isinstance(model, DDP) and dist.get_backend() == "fake":
+        model.register_comm_hook(None, all_reduce_in_place)
     if strategy == "ZeRO-1":
         return model, ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.01,
                                               momentum=0.9)
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def all_reduce_in_place(state, bucket):
+    """DDP's all-reduce of a bucket, in place, as its own does, for the fake process group,
+    whose work hands back no tensor for DDP's built-in hook to read."""
+    buffer = bucket.buffer()
+    dist.all_reduce(buffer)
+    buffer.div_(dist.get_world_size())
+    done = torch.futures.Future()
+    done.set_result(buffer)
+    return done
 
 
 def weights_held(model, shards):
@@ -205,43 +235,106 @@ def forward_peaks(tracker, model):
     return peaks
 
 
-def tracked_peak(strategy, args, batch, device):
-    """Two steps under torch's tracker; the second step's peak, in bytes, with its categories
-    (and, on a GPU, max_memory_allocated over the second step)."""
-    dtype = DTYPES[args.dtype]
-    generator = torch.Generator().manual_seed(dist.get_rank())
+# Steps under the tracker; the last is measured. By then every op has run once, so the
+# tracker sees only what a step allocates (torch 2.11's tracker also counted the shapes that
+# DTensor works out, on fake tensors of its own, the first time it meets an op).
+TRACKED_STEPS = 3
+
+
+def tracked_peak(strategy, width, depth, batch, dtype, device, mesh=None):
+    """TRACKED_STEPS steps under torch's tracker; the last step's peak, in bytes, with its
+    categories and the point where it last rose (and, on a GPU, the allocator's peaks)."""
+    generator = torch.Generator().manual_seed(dist.get_rank() if dist.is_initialized() else 0)
     images = torch.randn(batch, 3, 32, 32, generator=generator, dtype=dtype).to(device)
     labels = torch.randint(0, 10, (batch,), generator=generator).to(device)
     if strategy == "FSDP":  # FSDPMemTracker takes the sharded model; made outside it
-        model, optimizer = build(strategy, args.width, args.depth, dtype, device)
+        model, optimizer = build(strategy, width, depth, dtype, device, mesh)
         tracker = FSDPMemTracker(model, optimizer)
         tracker.track_inputs((images, labels))
     else:  # made inside the tracker, so that it sees DDP's buckets allocated
         tracker = MemTracker()
         tracker.track_external(images, labels)
-    peaks, where = [], [None]
+    where = [None]
     note_where_the_peak_rises(tracker, where)
     with tracker:
         if strategy != "FSDP":
-            model, optimizer = build(strategy, args.width, args.depth, dtype, device)
-        for step in range(2):
+            model, optimizer = build(strategy, width, depth, dtype, device)
+        if device.type == "cuda":  # the workspaces an earlier strategy left: the first step
+            torch._C._cuda_clearCublasWorkspaces()  # makes its own, measured below
+        before = requested(device)
+        for step in range(TRACKED_STEPS):
             if step:
                 tracker.reset_mod_stats()  # its per-module counts refuse a second step
+            if step == TRACKED_STEPS - 1:
                 forget_the_peak(tracker)
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
             F.cross_entropy(model(images), labels).backward()
             optimizer.step()
             optimizer.zero_grad()  # set_to_none=True, PyTorch's default
-            peaks.append(tracker.get_tracker_snapshot("peak"))
+            if step == 0 and device.type == "cuda":  # kept from the first step on: the
+                # optimizer state, and cuBLAS's workspaces
+                state = (optimizer.optim if strategy == "ZeRO-1" else optimizer).state
+                workspaces = requested(device) - before - storage_bytes(
+                    [v for s in state.values() for v in s.values() if torch.is_tensor(v)])
+        peak = tracker.get_tracker_snapshot("peak")
     forward = forward_peaks(tracker, model) if strategy == "FSDP" else {}
-    snapshot = next(iter(peaks[-1].values()))
+    snapshot = next(iter(peak.values()))
     categories = {str(getattr(key, "value", key)): value for key, value in snapshot.items()}
-    return {"strategy": strategy, "rank": dist.get_rank(), "batch": batch,
-            "tracked_peak": categories.pop("Total"), "tracked_at": where[0],
-            "categories": categories, "forward_peaks": forward,
-            "max_memory_allocated": torch.cuda.max_memory_allocated(device)
-            if device.type == "cuda" else None}
+    record = {"strategy": strategy, "rank": dist.get_rank() if dist.is_initialized() else 0,
+              "batch": batch, "tracked_peak": categories.pop("Total"), "tracked_at": where[0],
+              "categories": categories, "forward_peaks": forward,
+              "max_memory_allocated": None, "requested_peak": None, "cublas_workspaces": None}
+    if device.type == "cuda":
+        record.update(max_memory_allocated=torch.cuda.max_memory_allocated(device),
+                      requested_peak=torch.cuda.memory_stats(device)[
+                          "requested_bytes.all.peak"], cublas_workspaces=workspaces)
+    return record
+
+
+def requested(device):
+    """The bytes the CUDA caching allocator holds for its callers now, as they asked for them
+    (before it rounds each up to a multiple of 512 bytes); 0 off a GPU."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.memory_stats(device)["requested_bytes.all.current"]
+
+
+def fake_peak(strategy, width, depth, batch, ranks, rank, dtype):
+    """tracked_peak for one rank of `ranks`, in this process, in a fake process group: each
+    tensor made under FakeTensorMode, with shapes and no memory. DDP's rows are the
+    exception: its Reducer reads its tensors' data (it checks their shapes across the ranks
+    and rebuilds its buckets after the first step), so they run on real tensors, which the
+    fake group's collectives leave alone."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # the "fake" backend
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=ranks)
+    default = torch.get_default_dtype()
+    try:
+        # the mesh made outside the fake mode: it reads its ranks from a tensor
+        mesh = init_device_mesh("cpu", (ranks,)) if strategy == "FSDP" else None
+        torch.set_default_dtype(dtype)  # made in dtype, since .to() keeps no fake parameter
+        fake = FakeTensorMode() if strategy in ("one process", "FSDP") else contextlib.nullcontext()
+        with fake:
+            return {**tracked_peak(strategy, width, depth, batch, dtype, torch.device("cpu"),
+                                   mesh), "rank": rank, "mode": "fake"}
+    finally:
+        torch.set_default_dtype(default)
+        dist.destroy_process_group()
+
+
+def fake_peaks(width, depth, global_batch_size, ranks, dtype, strategies=PEAK_STRATEGIES):
+    """fake_peak for every strategy and rank (one process: one rank, the whole batch), as the
+    lines of peaks.jsonl."""
+    settings = {"world_size": ranks, "width": width, "depth": depth,
+                "dtype": str(dtype).removeprefix("torch."),
+                "global_batch_size": global_batch_size, "device": "cpu"}
+    if global_batch_size % ranks:
+        raise UsageError(f"--global-batch-size {global_batch_size} does not split over "
+                         f"{ranks} ranks")
+    return [{**settings, **fake_peak(strategy, width, depth, global_batch_size // n, n, rank,
+                                     dtype)}
+            for strategy in strategies
+            for n in [1 if strategy == "one process" else ranks] for rank in range(n)]
 
 
 def tiny_collectives(device):
@@ -274,8 +367,18 @@ def main():
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: the tracked steps on one GPU per rank (NCCL)")
+    parser.add_argument("--fake-ranks", type=count, default=None,
+                        help="track this many ranks in this one process, nothing allocated "
+                             "(without torchrun); writes peaks.jsonl only")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.fake_ranks:
+        records = fake_peaks(args.width, args.depth, args.global_batch_size, args.fake_ranks,
+                             DTYPES[args.dtype])
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "peaks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return
     # a rank that never comes ends the others in two minutes, not thirty
     device = torch.device("cpu")
     if args.device == "cuda":  # one GPU per rank: torchrun's LOCAL_RANK
@@ -290,11 +393,13 @@ def main():
         records.append(one_step("one process", args, args.global_batch_size, device))
     for strategy in ("DDP", "ZeRO-1", "FSDP"):
         records.append(one_step(strategy, args, args.global_batch_size // ranks, device))
-    peaks = []
+    peaks, dtype = [], DTYPES[args.dtype]
     if dist.get_rank() == 0:
-        peaks.append(tracked_peak("one process", args, args.global_batch_size, device))
-    for strategy in ("DDP", "DDP, bucket view", "ZeRO-1", "FSDP"):
-        peaks.append(tracked_peak(strategy, args, args.global_batch_size // ranks, device))
+        peaks.append(tracked_peak("one process", args.width, args.depth,
+                                  args.global_batch_size, dtype, device))
+    for strategy in PEAK_STRATEGIES[1:]:
+        peaks.append(tracked_peak(strategy, args.width, args.depth,
+                                  args.global_batch_size // ranks, dtype, device))
     tiny = tiny_collectives(device)
     everyone = [None] * ranks
     dist.all_gather_object(everyone, (records, peaks, tiny))

@@ -13,8 +13,8 @@ from ddp_scripts.launcher import run_command, torchrun_command
 from ddp_scripts.recorders.memory_plan import PARTS, PEAK_STRATEGIES, peak_plan
 from notebooks.figures import new_figure
 from notebooks.fsdp_memory import (PEAK_COLUMNS, calculator_cases, calculator_form,
-                                   calculator_table, draw_collectives,
-                                   draw_held, draw_step, peaks_side_by_side, plan_for,
+                                   calculator_table, draw_collectives, draw_held, draw_step,
+                                   fake_tracked, peaks_side_by_side, plan_for,
                                    read_collectives, read_peaks, read_run, side_by_side)
 from ddp_scripts.sharding import WideMLP
 
@@ -85,15 +85,21 @@ def test_the_form_shows_the_calculators_table_and_answers_a_change():
 
 def test_the_peak_table_sets_each_ranks_prediction_beside_the_tracker(run):
     _, _, out, settings = run
-    tracked = read_peaks(out / "peaks.jsonl")
+    gloo = read_peaks(out / "peaks.jsonl")
+    tracked = fake_tracked(settings)
     predicted = plan_for(settings, peak_plan)
-    table = peaks_side_by_side(predicted, tracked)
+    table = peaks_side_by_side(predicted, tracked, gloo)
     assert [strategy for strategy, _ in table.index] == [key[0] for key in tracked]
+    assert list(tracked) == list(gloo)
     assert list(dict.fromkeys(s for s, _ in table.index)) == list(PEAK_STRATEGIES)
     for (strategy, rank), row in table.iterrows():
         assert row["predicted peak (MB)"] * 1e6 == predicted[strategy][rank]["peak"]
         assert row["tracked (MB)"] * 1e6 == tracked[(strategy, rank)]["tracked_peak"]
+        assert row["gloo run (MB)"] * 1e6 == gloo[(strategy, rank)]["tracked_peak"]
+        assert row["gap (B)"] == (tracked[(strategy, rank)]["tracked_peak"]
+                                  - predicted[strategy][rank]["peak"])
         assert row["falls at"] == predicted[strategy][rank]["at"]
+        assert row["gloo may add (B)"] == predicted[strategy][rank].get("gloo clone", 0)
     assert table["agrees"].all()
 
 
@@ -151,21 +157,3 @@ def test_a_drawing_that_sums_instead_of_averaging_fails_the_check(run, monkeypat
     _, gaps = draw_collectives(axes, read_collectives(out / "collectives.json"))
     plt.close(fig)
     assert gaps["shard after reduce-scatter"] > 1e-3 and gaps["whole after all-gather"] == 0
-
-
-def test_a_gap_over_half_a_percent_is_named_and_gloos_clone_only_on_gloo():
-    import pandas as pd
-    from notebooks.fsdp_memory import gap_notes
-    checked = pd.DataFrame([
-        {"strategy": "DDP", "rank": 0, "predicted peak (MB)": 10.0, "tracked (MB)": 10.01,
-         "gap (%)": 0.1},
-        {"strategy": "FSDP", "rank": 0, "predicted peak (MB)": 10.0, "tracked (MB)": 10.3,
-         "gap (%)": 2.9}]).set_index(["strategy", "rank"])
-    predicted = {"DDP": [{}], "FSDP": [{"gloo clone": 1e6}]}  # one block's input: 1 MB
-    gloo = gap_notes(checked, predicted, {("DDP", 0): {"device": "cpu"},
-                                          ("FSDP", 0): {"device": "cpu"}})
-    assert len(gloo) == 1 and "FSDP, rank 0: the tracker holds +0.30 MB" in gloo[0]
-    assert "clone gloo's reduce-scatter keeps" in gloo[0]
-    nccl = gap_notes(checked, predicted, {("DDP", 0): {"device": "cuda"},
-                                          ("FSDP", 0): {"device": "cuda"}})
-    assert len(nccl) == 1 and "clone" not in nccl[0]

@@ -303,7 +303,7 @@ def test_the_calculators_cases_are_each_checked_in_fake_mode():
     assert "17 of 17 rows equal to the byte" in output, output
     assert "9 of 9 rows equal to the byte" in output, output
     lines = [line for line in output.splitlines() if "tracked in fake mode" in line]
-    assert "(one process, FSDP): 9 of 9 rows" in lines[2], lines
+    assert "(one process; FSDP): 9 of 9 rows" in lines[2], lines
     share = int(lines[1].split("per rank, ")[1].split("%")[0])
     assert share > 50, lines[1]
 
