@@ -7,9 +7,11 @@ goes as planned does not read them: another rank that ended first, Ctrl-C or SIG
 that never joined, a folder that cannot be made or is in use, a full disk. end_early is how
 cli.run_cli ends a run whose main() raised. Nothing here imports cli.py, which imports this.
 """
+import gc
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SUMMARY, write_error_file
@@ -98,6 +100,10 @@ def leave_the_group():
     launcher names a rank that failed on its own before any that lost a peer."""
     dist = sys.modules.get("torch.distributed")  # imported by the script, if it uses one
     if dist is not None and dist.is_available() and dist.is_initialized():
+        # main()'s model lives on in the error's traceback: freed only after the group, its
+        # DDP Reducer could hang the rank as it exits (ranks.leave_process_group says why)
+        traceback.clear_frames(sys.exc_info()[2])
+        gc.collect()
         try:
             dist.destroy_process_group()
         except Exception:  # after a lost peer, say: the run's own error is the one to show
