@@ -8,8 +8,8 @@ epoch, on the CPU. A run that has not ended within --limit-s seconds is counted 
 its whole process group is killed with SIGKILL, the one signal a hung rank cannot miss
 (chapter 8). One JSON line per call is appended to --out: the torch of that environment, the
 script, the source folder's commit, whether its script frees the model before it leaves the
-process group, how many runs ended and how many hung, and the machine's
-load before and after. A count, not a time: the limit only needs to be far above a run's
+process group, how many runs ended (and with which exit status) and how many hung, and the
+machine's load before and after. A count, not a time: the limit only needs to be far above a run's
 length (about 10 s here).
 """
 import contextlib
@@ -42,7 +42,7 @@ def parse_args(argv=None):
 
 
 def one_run(args, out):
-    """True if the run ended by itself (whatever its exit status), False if it was killed."""
+    """The run's exit status if it ended by itself, None if it was killed."""
     command = [args.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                str(args.source / "ddp_scripts" / args.script), "--dataset", "synthetic",
                "--train-samples", "256", "--test-samples", "128", "--epochs", "1", "--out", out]
@@ -50,10 +50,9 @@ def one_run(args, out):
         run = subprocess.Popen(command, cwd=args.source, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
         try:
-            run.wait(args.limit_s)
-            return True
+            return run.wait(args.limit_s)
         except subprocess.TimeoutExpired:
-            return False
+            return None
         finally:
             end_all(run)
 
@@ -85,15 +84,17 @@ def main(argv=None):
         raise UsageError(f"--python {args.python}: cannot import torch")
     commit = subprocess.run(["git", "-C", str(args.source), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or None
-    load_before, ended = os.getloadavg(), 0
+    load_before, statuses = os.getloadavg(), []
     with tempfile.TemporaryDirectory(prefix="exit-benchmark-") as scratch:
         for run in range(1, args.runs + 1):
-            ended += one_run(args, str(Path(scratch) / f"run{run}"))
-            print(f"run {run}: {ended} ended, {run - ended} hung", flush=True)
+            statuses.append(one_run(args, str(Path(scratch) / f"run{run}")))
+            print(f"run {run}: exit status {statuses[-1]} (None: hung, killed)", flush=True)
+    ended = sum(status is not None for status in statuses)
     source = (args.source / "ddp_scripts" / args.script).read_text()
     record = {"torch": versions.stdout.strip(), "script": args.script, "commit": commit,
               "frees_model_first": "leave_process_group()" in source,  # ranks.py says why
               "runs": args.runs, "ended": ended, "hung": args.runs - ended,
+              "ended_with_status_0": statuses.count(0), "exit_statuses": statuses,
               "limit_s": args.limit_s, "usable_cores": usable_cores(),
               "load_before": [round(x, 2) for x in load_before],
               "load_after": [round(x, 2) for x in os.getloadavg()], "platform": sys.platform}
