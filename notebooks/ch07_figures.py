@@ -297,6 +297,58 @@ def draw_step_parts(axes, runs, cases):
     return drawn
 
 
+# What a results file says about the machine and its runs (describe, in the chapter), and what
+# other work on the machine did to the benchmark's threaded run and to its processes.
+
+def load_line(hardware):
+    """The load average (1 min) a results file recorded before and after its runs, and, where
+    the load before them was at least half the usable cores, that other work was using the
+    CPU when they started: the runs use every usable core, and that much other work takes a
+    share of them. None where the file recorded no load."""
+    if not hardware.get("load_average_before"):
+        return None
+    before, after = hardware["load_average_before"][0], hardware["load_average_after"][0]
+    cores = hardware["cpu"]["usable_cores"]
+    busy = before >= cores / 2  # measured before the runs: other work, not theirs
+    return (f"load average (1 min) before/after the runs: {before} / {after} on {cores} cores"
+            + (": other work was using the CPU when these runs started" if busy else ""))
+
+
+def unreliable_lines(results):
+    """A line for each measured configuration whose steady epochs spread more than the file
+    allows (benchmark.results_table's "reliable"): UNRELIABLE, and its ratios not compared."""
+    table = benchmark.results_table(results)
+    bound = results.get("reliable_spread")
+    unsteady = table[(table["status"] == "measured") & ~table["reliable"]]
+    return [f"{config}: UNRELIABLE: its steady epochs spread {row['spread']:.2f}x, more than "
+            f"the {bound}x allowed; the ratios that use it are not compared below."
+            for config, row in unsteady.iterrows()]
+
+
+def threads_against_processes(results):
+    """What other work did to the benchmark's one process with several threads (cpu) and to
+    its processes with one thread each (ddp on the CPU), read from each run's spread: one
+    line, or None where the file cannot say (a run missing, without a spread, or ddp on
+    GPUs)."""
+    measured = {run["config"]: run for run in results["runs"] if run["status"] == "measured"}
+    threaded, split = measured.get("cpu"), measured.get("ddp")
+    if not (threaded and split and threaded.get("spread") and split.get("spread")
+            and split["run_device"] == "cpu"):
+        return None
+    spreads = (f"fastest over slowest epoch: {threaded['spread']:.1f}x with "
+               f"{threaded['threads_per_process']} threads in one process, "
+               f"{split['spread']:.1f}x with {split['processes']} one-thread processes")
+    if not threaded["reliable"] and split["reliable"]:
+        return (f"Other work took cores during these runs ({spreads}). The threaded run"
+                " collapsed, the processes slowed gently: the threads of one process wait"
+                " for each other in every operation, so one busy core holds them all up; a"
+                " process with one thread waits for no other.")
+    if threaded["reliable"] and split["reliable"]:
+        return (f"Both runs held steady here ({spreads}): other work did not take their"
+                " cores for long enough to show.")
+    return f"Other work took cores during these runs ({spreads})."
+
+
 def article_speedups(path):
     """The article's speed-ups over its CPU, from the committed file of its four times."""
     article = json.loads(path.read_text())

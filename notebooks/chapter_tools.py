@@ -1,6 +1,7 @@
 """Helpers that only the chapters use (the training scripts do not need them).
 
     from notebooks.chapter_tools import device_table, machine_load, data_notice
+    from notebooks.chapter_tools import late_setting_paragraph, load_outcome, distinct_orders
 """
 import os
 
@@ -144,3 +145,89 @@ def what_a_rank_reported(log_dir, rank, attempt=0):
     why = ("it lost its peer" if error.get("lost_peer")
            else f"exit status {error['exit_code']}")
     return f"rank {rank}'s error file in attempt {attempt} ({why}): {error['reason']}"
+
+
+# Chapter 8's verdicts: each a function, so that tests/figures/test_figures_ch08.py can feed it
+# the flaw it exists to catch.
+
+def late_setting_paragraph(early, late, gpus):
+    """What chapter 8's two children saw, one paragraph. Each child hid every GPU
+    (CUDA_VISIBLE_DEVICES="") and asked for one CPU thread (OMP_NUM_THREADS=1): `early`
+    before it imported torch, `late` after CUDA had started. Each reports {"gpus": what
+    device_count() counted, "usable": torch.cuda.is_available(), "threads":
+    torch.get_num_threads()}; `gpus` is the number this kernel has."""
+    hid = early["gpus"] == 0 and not early["usable"]
+    first = ("The first child saw no GPU." if hid else
+             f"The first child still saw {early['gpus']} GPU(s) (CUDA usable: "
+             f"{early['usable']}).")
+    if gpus and late["usable"] and late["gpus"] != gpus:
+        return (f"{first} The second counted {late['gpus']} GPU(s), yet CUDA was still "
+                f"usable there, with all {gpus} GPU(s) it had found when it started: "
+                "device_count() counted through NVML, which read the changed variable, while "
+                "the driver had read it once, at the start. The count confirms a change that "
+                "did not happen.")
+    if gpus and late["usable"]:
+        return (f"{first} The second counted {late['gpus']} and found CUDA usable "
+                f"({late['usable']}): its setting came too late.")
+    if gpus:
+        return (f"{first} The second counted {late['gpus']} and found CUDA unusable: its "
+                "setting took effect, although CUDA had started before it.")
+    if early["threads"] == 1 and late["threads"] != 1:
+        threads = ("The thread counts show the trap: asked for before torch started, one "
+                   "thread; asked for afterwards, the default.")
+    elif early["threads"] == late["threads"]:
+        threads = (f"Both children run {late['threads']} thread(s), so the thread counts do "
+                   "not show the trap here.")
+    else:
+        threads = (f"Asked for before torch started, {early['threads']} thread(s); asked for "
+                   f"afterwards, {late['threads']}.")
+    counted = ("No GPU here, so both children count 0 GPUs and neither finds CUDA usable."
+               if hid and late["gpus"] == 0 and not late["usable"] else
+               f"{first} The second counted {late['gpus']} (CUDA usable: {late['usable']}).")
+    return (f"{counted} {threads} On a GPU machine the second child can still use every GPU, "
+            "although device_count() may count none: before the first CUDA tensor this "
+            "version of torch counts through NVML, which reads the variable again.")
+
+
+def load_outcome(child):
+    """How a child process that loaded a GPU checkpoint with every GPU hidden ended (a
+    CompletedProcess whose program prints torch.cuda.is_available() after the load): the last
+    line of its error, or that it loaded the file and whether CUDA was usable there."""
+    if child.returncode != 0:
+        return (child.stderr.strip().splitlines()
+                or [f"exit status {child.returncode}, and nothing on stderr"])[-1]
+    usable = (child.stdout.strip().splitlines() or ["(nothing printed)"])[-1]
+    return f"no error: the child loaded it; torch.cuda.is_available() there: {usable}"
+
+
+def distinct_orders(per_epoch):
+    """How many different orders a rank's shares over the epochs came in (lists of indices)."""
+    return len({tuple(order) for order in per_epoch})
+
+
+def checkpoint_written(folder):
+    """Whether a run left a checkpoint.pt in `folder`, and if it did, its epoch and whether
+    every floating-point tensor of its model is finite: one line."""
+    from pathlib import Path
+
+    from ddp_scripts.resume import load_checkpoint
+    path = Path(folder) / "checkpoint.pt"
+    if not path.exists():
+        return "checkpoint.pt written: False"
+    state = load_checkpoint(path)
+    finite = all(bool(tensor.isfinite().all()) for tensor in state["model"].values()
+                 if tensor.is_floating_point())
+    return (f"checkpoint.pt written: True (epoch {state['epoch']}, every parameter finite: "
+            f"{finite})")
+
+
+def same_training_state(first, second):
+    """(every parameter identical, momentum identical) of two checkpoints of the scripts: the
+    same names and every tensor equal bit for bit, in the model and in SGD's momentum."""
+    from ddp_scripts.practice.by_hand import same_tensors
+
+    def momentum(checkpoint):
+        return {index: state["momentum_buffer"]
+                for index, state in checkpoint["optimizer"]["state"].items()}
+    return (same_tensors(first["model"], second["model"]),
+            same_tensors(momentum(first), momentum(second)))

@@ -1,6 +1,7 @@
 """Chapter 5's figures, drawn from what ddp_scripts/recorders/ddp_anatomy.py recorded on the ranks.
 
     from notebooks.ddp_figures import load_anatomy, draw_job, draw_sampler, ...
+    from notebooks.ddp_figures import ring_agrees, first_bucket_line, buckets_line, ...
 
 Each drawing function takes the ranks' records (anatomy.json's "ranks") and returns what it
 drew, for tests/figures/test_figures_ch05.py to compare with the data.
@@ -226,6 +227,24 @@ def ring_animation(ranks, interval_ms=1400):
     return animate(fig, draw_frame, len(frames), interval_ms=interval_ms), frames
 
 
+def ring_agrees(frames, ranks):
+    """Whether the ring's last frame holds, on every rank, what that rank's all-reduce left in
+    .grad. The ranks divided their float32 gradients by the world size and added them, world - 1
+    additions in an order of gloo's; the simulation does the same in float64. Each of those
+    float32 roundings is at most half of float32's epsilon of the numbers it rounds, so the
+    two results may differ by up to world x epsilon x the sum of the ranks' |value / world|,
+    and no more: a ring that ends a step short, or an all-reduce that summed without
+    dividing, is off by a whole chunk of the gradient."""
+    before = torch.tensor([record["gradients"]["before"] for record in ranks],
+                          dtype=torch.float64)
+    world = len(ranks)
+    bound = world * torch.finfo(torch.float32).eps * (before / world).abs().sum(0)
+    last = frames[-1]["values"]
+    return all(bool(((last[rank] - torch.tensor(record["gradients"]["after"],
+                                                 dtype=torch.float64)).abs() <= bound).all())
+               for rank, record in enumerate(ranks))
+
+
 def timeline_rows(record, step, label=None):
     """One rank's step as timeline rows. On one row: forward; backward until the last gradient
     was ready; then the wait, inside backward(), for the all-reduces to finish. Each bucket's
@@ -253,6 +272,29 @@ def draw_timeline(axes, ranks, steps=(1, 2), shown=(0, 1)):
         drawn[step] = timeline(ax, rows, legend=step == steps[-1])
         ax.set_title(f"step {step}")
     return drawn
+
+
+def first_bucket_line(record, step=2):
+    """Whether, in step `step` of one rank's timeline, the first bucket's all-reduce left
+    before backward had made its last gradient, and by how many ms: one line."""
+    events = next(s for s in record["timeline"] if s["step"] == step)["events"]
+    last_gradient = max(e["at"] for e in events if e["kind"] == "gradient")
+    sent = sorted(e["start"] for e in events if e["kind"] == "all-reduce")
+    lead = last_gradient - sent[0]
+    return (f"rank {record['job']['rank']}, step {step}: {len(sent)} buckets; the first left "
+            + (f"{lead:.1f} ms before the last gradient" if lead > 0
+               else f"{-lead:.1f} ms after the last gradient: no overlap in this run"))
+
+
+def buckets_line(step, events):
+    """From one step's notes, in the order they were taken (a line with "backward" for each
+    gradient ready, one with "all-reduce" for each bucket handed to the all-reduce): how many
+    buckets, and whether the first all-reduce started before backward's last gradient."""
+    first_send = next(i for i, e in enumerate(events) if "all-reduce" in e)
+    last_gradient = max(i for i, e in enumerate(events) if "backward" in e)
+    buckets = sum("all-reduce" in e for e in events)
+    return (f"step {step}: {buckets} bucket(s); the first all-reduce starts before backward is"
+            f" over: {first_send < last_gradient}")
 
 
 def draw_metrics(left, right, metrics):
@@ -327,3 +369,35 @@ def rounding_line(gap32, gap64, epoch=1):
             f"between the two: {border:.2g}): "
             + ("the gap shrank with the precision, so it is rounding" if shrank else
                "the gap did NOT shrink with the precision: the runs compute different things"))
+
+
+# The samplers' checks: what each rank gets, epoch after epoch, against one process.
+
+def every_sample_once(shares, samples):
+    """Whether the ranks' shares, together, hold every sample exactly once."""
+    return sorted(sum(shares, [])) == sorted(samples)
+
+
+def same_order_every_epoch(per_epoch):
+    """Whether a rank got its share in the same order in every epoch (lists of indices)."""
+    return all(order == per_epoch[0] for order in per_epoch)
+
+
+def same_global_batches(one_process, shares, per_rank):
+    """Whether each batch of len(shares) x per_rank samples that one process takes from its
+    order holds the samples of the ranks' k-th batches of per_rank, together, for every k;
+    and the ranks' shares hold as many samples as the one process's order."""
+    size = len(shares) * per_rank
+    if sum(len(share) for share in shares) != len(one_process) or len(one_process) < size:
+        return False
+    return all(sorted(one_process[k * size:(k + 1) * size])
+               == sorted(sum((share[k * per_rank:(k + 1) * per_rank] for share in shares), []))
+               for k in range(len(one_process) // size))
+
+
+def launcher_warned(lines):
+    """Whether torch.distributed.launch printed its own warning that it is deprecated (a
+    FutureWarning that begins "The module torch.distributed.launch is deprecated"); a line of
+    the script that only mentions the word does not count."""
+    return any("Warning: The module torch.distributed.launch is deprecated" in line
+               for line in lines)

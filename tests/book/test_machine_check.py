@@ -24,11 +24,11 @@ def by_topic(findings):
     return {topic: (status, text) for status, topic, text in findings}
 
 
-def test_a_healthy_machine_needs_no_change():
+def test_right_case_a_healthy_machine_needs_no_change():
     assert {status for status, _, _ in check(machine())} == {"ok"}
 
 
-def test_docker_default_shm_asks_for_shm_size():
+def test_planted_docker_default_shm_asks_for_shm_size():
     status, text = by_topic(check(machine(shm_bytes=64 * 2**20)))["/dev/shm"]
     assert status == "change"
     assert "64 MiB (Docker's default)" in text
@@ -36,7 +36,7 @@ def test_docker_default_shm_asks_for_shm_size():
     assert "Bus error" in text and "Error while creating shared memory segment" in text
 
 
-def test_gpus_without_peer_to_peer():
+def test_planted_gpus_without_peer_to_peer_are_named():
     findings = by_topic(check(machine(peer={(0, 1): False, (1, 0): False})))
     status, text = findings["peer-to-peer"]
     assert status == "change"
@@ -44,13 +44,13 @@ def test_gpus_without_peer_to_peer():
     assert findings["copies"][0] == "ok"
 
 
-def test_a_copy_that_comes_back_wrong_warns_against_dataparallel():
+def test_planted_a_copy_that_comes_back_wrong_warns_against_dataparallel():
     status, text = by_topic(check(machine(copies_equal={(0, 1): False, (1, 0): True})))["copies"]
     assert status == "change"
     assert "cuda:0 -> cuda:1" in text and "DataParallel" in text
 
 
-def test_titan_xp_and_v100_against_the_cu130_arch_list():
+def test_planted_titan_xp_and_v100_have_no_code_in_the_cu130_build():
     gpus = [{"index": 0, "name": "NVIDIA TITAN Xp", "capability": (6, 1)},
             {"index": 1, "name": "Tesla V100-SXM2-16GB", "capability": (7, 0)}]
     findings = [f for f in check(machine(gpus=gpus)) if f[1] == "GPU code"]
@@ -61,21 +61,21 @@ def test_titan_xp_and_v100_against_the_cu130_arch_list():
         assert "whl/cu130" not in text
 
 
-def test_driver_too_old_for_cuda_13():
+def test_planted_a_driver_too_old_for_cuda_13_is_named():
     status, text = by_topic(check(machine(driver="550.54.15")))["driver"]
     assert status == "change"
     assert "older than 580" in text and "driver on your system is too old" in text
     assert "whl/cu126" in text
 
 
-def test_a_cpu_machine_says_what_it_did_not_check():
+def test_right_case_a_cpu_machine_says_what_it_did_not_check():
     findings = by_topic(check(machine(gpus=[], peer={}, copies_equal={}, driver=None)))
     assert findings["driver"][0] == findings["GPU code"][0] == "not checked"
     assert "not on TITAN Xp" in findings["GPU code"][1]
     assert findings["peer-to-peer"][0] == "not checked"
 
 
-def test_a_cpu_only_build_on_a_gpu_machine():
+def test_planted_a_cpu_only_build_on_a_gpu_machine():
     status, text = by_topic(check(machine(cuda=None, arch_list=[])))["torch build"]
     assert status == "change" and "without CUDA" in text
 
@@ -113,7 +113,7 @@ def test_strings_in_library_reads_whole_messages(tmp_path):
         "('missing' is not in libfake.so)"]
 
 
-def test_copies_that_hang_become_a_finding_not_a_frozen_notebook():
+def test_planted_copies_that_hang_become_a_finding_not_a_frozen_notebook():
     """The pairs run in a child with a time limit: a child that never ends is ended."""
     facts = pairs_in_child(timeout_s=1, program="import time\ntime.sleep(600)\n")
     assert facts == {"peer": {}, "copies_equal": {},
@@ -125,7 +125,7 @@ def test_copies_that_hang_become_a_finding_not_a_frozen_notebook():
     assert "copies" not in by_topic(check(machine(**facts)))   # nothing claimed about them
 
 
-def test_a_child_that_fails_is_a_finding_too():
+def test_planted_a_child_that_fails_is_a_finding_too():
     facts = pairs_in_child(timeout_s=120, program="raise SystemExit('no CUDA in the child')")
     assert facts["pairs_problem"] == "failed (exit status 1): no CUDA in the child"
     assert by_topic(check(machine(**facts)))["peer-to-peer"][0] == "change"

@@ -212,3 +212,215 @@ def test_right_case_averaged_gradients_differ_by_rounding_only():
     # identical runs leave nothing to explain; a float64 pair identical to the bit, only rounding
     assert "no gap to explain" in ddp_figures.rounding_line(0.0, 0.0)
     assert ddp_figures.rounding_line(gap32, 0.0).endswith("so it is rounding")
+
+
+# The ring against the ranks' all-reduce (ch05-ring): the simulation must end where the ranks'
+# own all-reduce did, within float32's rounding, and nowhere else.
+
+def test_planted_a_ring_a_step_short_does_not_equal_the_all_reduce(ranks):
+    frames = ddp_figures.ring_steps([r["gradients"]["before"] for r in ranks])
+    assert not ddp_figures.ring_agrees(frames[:-1], ranks)   # one all-gather step left out
+
+
+def test_planted_an_all_reduce_that_summed_does_not_equal_the_ring(ranks):
+    summed = copy.deepcopy(ranks)
+    for record in summed:   # the sum, not the average: a hook that did not divide
+        record["gradients"]["after"] = [WORLD * v for v in record["gradients"]["after"]]
+    frames = ddp_figures.ring_steps([r["gradients"]["before"] for r in ranks])
+    assert not ddp_figures.ring_agrees(frames, summed)
+
+
+def test_right_case_the_ring_ends_where_the_ranks_all_reduce_did(ranks):
+    frames = ddp_figures.ring_steps([r["gradients"]["before"] for r in ranks])
+    assert ddp_figures.ring_agrees(frames, ranks)
+
+
+# The buckets' timing (ch05-08, ch05-16): step 1 sends one bucket after backward, by design;
+# from step 2 the first bucket leaves while backward still runs.
+
+def timeline_step(step, gradients_at, sent_at):
+    events = [{"kind": "gradient", "at": at} for at in gradients_at]
+    events += [{"kind": "all-reduce", "bucket": i, "start": at, "end": at + 1.0}
+               for i, at in enumerate(sent_at)]
+    return {"job": {"rank": 1}, "timeline": [{"step": step, "events": events}]}
+
+
+def test_planted_a_first_bucket_sent_after_the_last_gradient_is_no_overlap():
+    line = ddp_figures.first_bucket_line(timeline_step(2, [1.0, 2.0, 3.0], [3.5, 4.0]), step=2)
+    assert line == ("rank 1, step 2: 2 buckets; the first left 0.5 ms after the last gradient: "
+                    "no overlap in this run")
+
+
+def test_planted_the_recorded_first_step_has_no_overlap(ranks):
+    assert ddp_figures.first_bucket_line(ranks[0], step=1).endswith(": no overlap in this run")
+
+
+def test_right_case_a_bucket_sent_during_backward_left_before_the_last_gradient():
+    line = ddp_figures.first_bucket_line(timeline_step(2, [1.0, 2.0, 3.0], [1.5, 3.2]), step=2)
+    assert line == "rank 1, step 2: 2 buckets; the first left 1.5 ms before the last gradient"
+
+
+@pytest.fixture
+def group_of_one(tmp_path):
+    """This process as rank 0 of a gloo group of one, as chapter 5's notebook joins one."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1),
+                            rank=0, world_size=1)
+    yield dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def noted_steps(model):
+    """The notes of ch05-16, taken on two steps of DDP with small buckets: each gradient
+    ready, and each bucket handed to the all-reduce, in order."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    events = []
+    for name, parameter in model.named_parameters():
+        parameter.register_post_accumulate_grad_hook(
+            lambda p, name=name: events.append(f"  backward: gradient of {name} ready"))
+    ddp_model = DDP(model, bucket_cap_mb=0.05)
+
+    def noting_allreduce(state, bucket):
+        events.append(f"  >> all-reduce bucket {bucket.index()}")
+        return default_hooks.allreduce_hook(None, bucket)
+
+    ddp_model.register_comm_hook(None, noting_allreduce)
+    images, labels = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    steps = []
+    for _ in range(2):
+        events.clear()
+        torch.nn.functional.cross_entropy(ddp_model(images), labels).backward()
+        steps.append(list(events))
+    return steps
+
+
+def test_planted_the_first_step_sends_its_one_bucket_after_backward(group_of_one):
+    from ddp_scripts.models import build_model
+    first, _ = noted_steps(build_model("cnn", seed=0))
+    assert ddp_figures.buckets_line(1, first) == (
+        "step 1: 1 bucket(s); the first all-reduce starts before backward is over: False")
+
+
+def test_right_case_the_rebuilt_buckets_start_during_backward(group_of_one):
+    from ddp_scripts.models import build_model
+    _, second = noted_steps(build_model("cnn", seed=0))
+    line = ddp_figures.buckets_line(2, second)
+    assert line.endswith("bucket(s); the first all-reduce starts before backward is over: True")
+    assert not line.startswith("step 2: 1 bucket(s)")
+
+
+# The wrapper and the group (ch05-12, ch05-17): torch decides (`is`, is_initialized); fed both.
+
+def test_planted_a_copy_in_the_wrapper_is_not_the_model_itself(group_of_one):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from ddp_scripts.models import build_model
+    model = build_model("cnn", seed=0)
+    assert DDP(copy.deepcopy(model)).module is not model
+
+
+def test_right_case_ddp_keeps_the_model_itself(group_of_one):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from ddp_scripts.models import build_model
+    model = build_model("cnn", seed=0)
+    assert DDP(model).module is model
+
+
+def test_planted_a_group_not_destroyed_is_still_initialized(group_of_one):
+    assert group_of_one.is_initialized()   # "process group destroyed: False"
+
+
+def test_right_case_a_destroyed_group_is_gone(group_of_one):
+    group_of_one.destroy_process_group()
+    assert not group_of_one.is_initialized()
+
+
+# The samplers (ch05-25, ch05-27, ch05-31), fed DistributedSampler's own shares.
+
+def shares_of(samples, world, epoch=0, ranks=None, **options):
+    from torch.utils.data.distributed import DistributedSampler
+    shares = []
+    for rank in (range(world) if ranks is None else ranks):
+        sampler = DistributedSampler(samples, num_replicas=world, rank=rank, seed=0, **options)
+        sampler.set_epoch(epoch)
+        shares.append(list(sampler))
+    return shares
+
+
+def test_planted_every_rank_told_it_is_rank_0_does_not_see_every_sample_once():
+    samples = list(range(12))
+    assert not ddp_figures.every_sample_once(shares_of(samples, 3, ranks=[0, 0, 0]), samples)
+
+
+def test_planted_padding_repeats_samples():
+    samples = list(range(10))   # 10 over 3 ranks: padded to 12, samples 0 and 1 twice
+    assert not ddp_figures.every_sample_once(shares_of(samples, 3), samples)
+
+
+def test_right_case_every_rank_its_own_share_sees_every_sample_once():
+    samples = list(range(12))
+    for epoch in (0, 1):
+        assert ddp_figures.every_sample_once(shares_of(samples, 3, epoch), samples)
+
+
+def orders_over_epochs(set_epoch):
+    from torch.utils.data.distributed import DistributedSampler
+    sampler = DistributedSampler(list(range(12)), num_replicas=3, rank=0, seed=0)
+    orders = []
+    for epoch in range(3):
+        if set_epoch:
+            sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    return orders
+
+
+def test_planted_set_epoch_forgotten_gives_the_same_order_every_epoch():
+    assert ddp_figures.same_order_every_epoch(orders_over_epochs(set_epoch=False))
+
+
+def test_right_case_set_epoch_gives_each_epoch_its_own_order():
+    assert not ddp_figures.same_order_every_epoch(orders_over_epochs(set_epoch=True))
+
+
+def one_process_order(n, seed):
+    from torch.utils.data import RandomSampler
+    return list(RandomSampler(range(n), generator=torch.Generator().manual_seed(seed)))
+
+
+def test_planted_one_process_shuffled_without_the_epoch_has_other_batches():
+    shares = shares_of(range(256), 2, epoch=1)
+    assert not ddp_figures.same_global_batches(one_process_order(256, 0), shares, 32)
+
+
+def test_planted_ranks_without_set_epoch_have_other_batches():
+    shares = shares_of(range(256), 2, epoch=0)   # the ranks' sampler still at epoch 0
+    assert not ddp_figures.same_global_batches(one_process_order(256, 0 + 1), shares, 32)
+
+
+def test_right_case_seed_plus_epoch_cuts_the_same_global_batches():
+    for epoch in (0, 1, 2):
+        shares = shares_of(range(256), 2, epoch=epoch)
+        assert ddp_figures.same_global_batches(one_process_order(256, epoch), shares, 32)
+
+
+# The old launcher's warning (ch05-49): torch's own FutureWarning, not a line of the script
+# that mentions the word.
+
+NOTICE = ("notice: --local-rank comes from the deprecated torch.distributed.launch; "
+          "torchrun sets LOCAL_RANK instead")
+
+
+def test_planted_the_scripts_notice_alone_is_not_the_launchers_warning():
+    assert not ddp_figures.launcher_warned([NOTICE, "[rank 0] epoch 1/1"])
+
+
+def test_right_case_the_launchers_own_warning_is_found():
+    import subprocess
+    import sys
+    said = subprocess.run([sys.executable, "-m", "torch.distributed.launch", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert ddp_figures.launcher_warned((said.stderr + said.stdout).splitlines() + [NOTICE])
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--help"],
+                              capture_output=True, text=True, timeout=120)
+    assert not ddp_figures.launcher_warned((torchrun.stderr + torchrun.stdout).splitlines())

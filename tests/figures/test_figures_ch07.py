@@ -131,7 +131,7 @@ def test_the_ratio_from_the_parts_stands_beside_the_benchmarks(runs):
             del run["cases"]["batch 64"]
 
 
-def test_an_unreliable_case_is_said(runs):
+def test_planted_an_unreliable_case_is_said(runs):
     case = runs["two-processes"]["cases"]["batch 8"]
     kept = dict(case)
     case.update({"reliable": False, "spread": 2.5})
@@ -143,6 +143,12 @@ def test_an_unreliable_case_is_said(runs):
     finally:
         case.clear()
         case.update(kept)
+
+
+def test_right_case_cases_that_held_steady_are_not_called_unreliable():
+    runs = made_runs()   # every run's groups of steps 1.02x apart
+    assert all(ch07_figures.unreliable(run["cases"]["batch 64"]) == "" for run in runs.values())
+    assert not any("unreliable" in line for line in ch07_figures.verdict(runs, "batch 64"))
 
 
 # Step files made by hand, in us per sample of a global batch of 64: one process with every
@@ -356,9 +362,15 @@ def test_the_article_file_holds_the_numbers_it_quotes():
     assert quoted == list(article["wall_s"].values())
 
 
-def test_a_speed_marked_unreliable_gets_no_bar():
+def test_right_case_reliable_speeds_get_their_bars():
     results = benchmark.load_results(ROOT / "results/cpu-2core-2026-11-30.json")
+    table = benchmark.results_table(results)
     assert set(ch07_figures.measured_speedups(results)) == {"cpu", "ddp"}
+    assert ch07_figures.measured_speedups(results)["ddp"] == table.loc["ddp", "x CPU"]
+
+
+def test_planted_a_speed_marked_unreliable_gets_no_bar():
+    results = benchmark.load_results(ROOT / "results/cpu-2core-2026-11-30.json")
     for run in results["runs"]:
         if run["config"] == "ddp":
             run["reliable"] = False
@@ -369,7 +381,7 @@ def test_a_speed_marked_unreliable_gets_no_bar():
     assert ch07_figures.measured_speedups(results) == {}
 
 
-def test_the_run_figure_draws_each_runs_wall_time_and_no_unreliable_speedup():
+def test_right_case_the_run_figure_draws_each_runs_wall_time_and_speedup():
     results = benchmark.load_results(ROOT / "results/cpu-2core-2026-11-30.json")
     runs = {run["config"]: run for run in results["runs"]}
     fig, (left, right) = new_figure(1, 2)
@@ -386,10 +398,78 @@ def test_the_run_figure_draws_each_runs_wall_time_and_no_unreliable_speedup():
     assert ticks == [runs["cpu"]["wall_s"], runs["ddp"]["wall_s"]]
     table = benchmark.results_table(results)
     assert speedups["x CPU"] == pytest.approx(list(table["x CPU"].fillna(0)))
+    assert right.get_title() == ""                         # nothing left out, nothing said
     matplotlib.pyplot.close(fig)
-    runs["ddp"]["reliable"] = False                        # then its speed-up is not drawn
+
+
+def test_planted_an_unreliable_speedup_is_left_out_of_the_run_figure():
+    results = benchmark.load_results(ROOT / "results/cpu-2core-2026-11-30.json")
+    runs = {run["config"]: run for run in results["runs"]}
+    runs["ddp"].update(reliable=False, spread=2.98)        # then its speed-up is not drawn
     fig, (left, right) = new_figure(1, 2)
     _, speedups = ch07_figures.draw_run(left, right, results)
     assert speedups["x CPU"][list(runs).index("ddp")] == 0
     assert speedups["x CPU"][list(runs).index("cpu")] == 1.0
+    assert " ".join(right.get_title().split()).startswith(
+        "No speed-ups drawn for ddp: the steady epochs of ddp spread 3.0x")
     matplotlib.pyplot.close(fig)
+
+
+# What describe() says about a results file (e3451e23), and what other work did to the
+# threaded run and to the processes (b33811d2): each fed the committed CPU file, changed.
+
+def committed_cpu_file(**changes):
+    """The committed CPU results file, with runs changed: {config: {key: value}}."""
+    results = benchmark.load_results(ROOT / "results/cpu-2core-2026-11-30.json")
+    for run in results["runs"]:
+        run.update(changes.get(run["config"], {}))
+    return results
+
+
+def test_planted_a_load_of_half_the_cores_before_the_runs_is_other_work():
+    hardware = committed_cpu_file()["hardware"]   # 1.8 before the runs, on 2 cores
+    assert ch07_figures.load_line(hardware) == (
+        "load average (1 min) before/after the runs: 1.8 / 1.87 on 2 cores: other work was "
+        "using the CPU when these runs started")
+    hardware["load_average_before"] = [1.0, 1.0, 1.0]   # half of the 2 cores
+    assert ch07_figures.load_line(hardware).endswith("other work was using the CPU when "
+                                                     "these runs started")
+
+
+def test_right_case_a_machine_idle_before_the_runs_is_not_said_to_be_busy():
+    hardware = committed_cpu_file()["hardware"]
+    hardware["load_average_before"] = [0.3, 0.2, 0.1]
+    assert ch07_figures.load_line(hardware) == (
+        "load average (1 min) before/after the runs: 0.3 / 1.87 on 2 cores")
+    del hardware["load_average_before"]
+    assert ch07_figures.load_line(hardware) is None     # a file that recorded no load
+
+
+def test_planted_an_unsteady_run_is_said_unreliable():
+    results = committed_cpu_file(ddp={"reliable": False, "spread": 2.98})
+    assert ch07_figures.unreliable_lines(results) == [
+        "ddp: UNRELIABLE: its steady epochs spread 2.98x, more than the 1.5x allowed; the "
+        "ratios that use it are not compared below."]
+
+
+def test_right_case_steady_runs_get_no_unreliable_line():
+    assert ch07_figures.unreliable_lines(committed_cpu_file()) == []
+
+
+def test_planted_other_work_that_stalled_the_threads_is_called_a_collapse():
+    results = committed_cpu_file(cpu={"reliable": False, "spread": 2.98})
+    said = ch07_figures.threads_against_processes(results)
+    assert said.startswith("Other work took cores during these runs (fastest over slowest "
+                           "epoch: 3.0x with 2 threads in one process, 1.1x with 2 one-thread "
+                           "processes). The threaded run collapsed")
+    results = committed_cpu_file(ddp={"reliable": False, "spread": 2.98})
+    assert ch07_figures.threads_against_processes(results) == (
+        "Other work took cores during these runs (fastest over slowest epoch: 1.2x with 2 "
+        "threads in one process, 3.0x with 2 one-thread processes).")
+
+
+def test_right_case_runs_that_held_steady_are_said_to():
+    said = ch07_figures.threads_against_processes(committed_cpu_file())
+    assert said.startswith("Both runs held steady here")
+    on_gpus = committed_cpu_file(ddp={"run_device": "cuda:0"})
+    assert ch07_figures.threads_against_processes(on_gpus) is None   # no cores split

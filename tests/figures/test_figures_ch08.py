@@ -179,3 +179,179 @@ def test_right_case_a_survivor_without_an_error_file_is_said_to_have_none(tmp_pa
     an_attempt(tmp_path, 0, {})
     said = chapter_tools.what_a_rank_reported(tmp_path, rank=0, attempt=0)
     assert said.startswith("rank 0 wrote no error file in attempt 0"), said
+
+
+# CUDA_VISIBLE_DEVICES and OMP_NUM_THREADS set before torch starts, and after (122a31f6).
+
+HIDDEN = {"gpus": 0, "usable": False, "threads": 1}   # the child that set both in time
+
+
+def test_planted_a_late_setting_that_took_effect_is_not_called_too_late():
+    took_effect = {"gpus": 0, "usable": False, "threads": 1}
+    said = chapter_tools.late_setting_paragraph(HIDDEN, took_effect, 2)
+    assert said == ("The first child saw no GPU. The second counted 0 and found CUDA unusable: "
+                    "its setting took effect, although CUDA had started before it.")
+
+
+def test_planted_a_thread_count_the_late_setting_changed_does_not_show_the_trap():
+    said = chapter_tools.late_setting_paragraph(HIDDEN, {**HIDDEN, "threads": 1}, 0)
+    assert "Both children run 1 thread(s), so the thread counts do not show the trap" in said
+    assert "show the trap:" not in said
+
+
+def test_planted_a_first_child_that_still_saw_a_gpu_is_said_to():
+    said = chapter_tools.late_setting_paragraph({"gpus": 1, "usable": True, "threads": 1},
+                                                {"gpus": 0, "usable": True, "threads": 4}, 1)
+    assert said.startswith("The first child still saw 1 GPU(s) (CUDA usable: True).")
+
+
+def test_right_case_a_count_through_nvml_confirms_a_change_that_did_not_happen():
+    said = chapter_tools.late_setting_paragraph(HIDDEN, {"gpus": 0, "usable": True,
+                                                         "threads": 16}, 1)
+    assert said.startswith("The first child saw no GPU. The second counted 0 GPU(s), yet CUDA "
+                           "was still usable there, with all 1 GPU(s)")
+    assert said.endswith("The count confirms a change that did not happen.")
+    said = chapter_tools.late_setting_paragraph(HIDDEN, {"gpus": 2, "usable": True,
+                                                         "threads": 16}, 2)
+    assert said.endswith("The second counted 2 and found CUDA usable (True): its setting came "
+                         "too late.")
+
+
+def test_right_case_the_late_child_keeps_the_default_threads():
+    """The chapter's two children, run here: on a machine without a GPU, the thread counts
+    show the trap (the default is one thread per core, so it takes two cores to see it)."""
+    import subprocess
+    import sys
+    if (os.cpu_count() or 1) < 2 or torch.cuda.is_available():
+        pytest.skip("needs two cores and no GPU: the case the paragraph reads from threads")
+    report = ('print(json.dumps({"gpus": torch.cuda.device_count(), '
+              '"usable": torch.cuda.is_available(), "threads": torch.get_num_threads()}))')
+    before = ('import json, os\nos.environ["CUDA_VISIBLE_DEVICES"] = ""\n'
+              'os.environ["OMP_NUM_THREADS"] = "1"\nimport torch\n' + report)
+    late = ('import json, os, torch\ntorch.cuda.is_available()\n'
+            'os.environ["CUDA_VISIBLE_DEVICES"] = ""\nos.environ["OMP_NUM_THREADS"] = "1"\n'
+            + report)
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")}
+    seen = [json.loads(subprocess.run([sys.executable, "-c", program], capture_output=True,
+                                      text=True, env=clean, timeout=300).stdout.splitlines()[-1])
+            for program in (before, late)]
+    assert chapter_tools.late_setting_paragraph(*seen, 0) == (
+        "No GPU here, so both children count 0 GPUs and neither finds CUDA usable. The thread "
+        "counts show the trap: asked for before torch started, one thread; asked for "
+        "afterwards, the default. On a GPU machine the second child can still use every GPU, "
+        "although device_count() may count none: before the first CUDA tensor this version of "
+        "torch counts through NVML, which reads the variable again.")
+
+
+# A GPU checkpoint loaded where every GPU is hidden (78f67927): the error, or what loaded.
+
+def loading_child(path, map_location=None):
+    import subprocess
+    import sys
+    where = f", map_location={map_location!r}" if map_location else ""
+    program = (f"import torch; torch.load({str(path)!r}, weights_only=True{where}); "
+               "print(torch.cuda.is_available())")
+    return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+
+
+def test_planted_a_child_that_loaded_the_file_is_not_reported_as_an_error(tmp_path):
+    torch.save({"weight": torch.ones(2)}, tmp_path / "on-the-cpu.pt")   # nothing to put on a GPU
+    assert chapter_tools.load_outcome(loading_child(tmp_path / "on-the-cpu.pt")) == (
+        "no error: the child loaded it; torch.cuda.is_available() there: False")
+    import subprocess
+    warned = subprocess.CompletedProcess([], 0, "True\n", "UserWarning: a warning, no error\n")
+    assert chapter_tools.load_outcome(warned) == (
+        "no error: the child loaded it; torch.cuda.is_available() there: True")
+
+
+def test_right_case_a_child_without_cuda_says_why_it_cannot_load(tmp_path):
+    torch.save({"weight": torch.ones(2)}, tmp_path / "checkpoint.pt")
+    said = chapter_tools.load_outcome(loading_child(tmp_path / "checkpoint.pt", "cuda:0"))
+    assert said.startswith("RuntimeError: Attempting to deserialize object on a CUDA device"), said
+
+
+# set_epoch forgotten (510f1c34): the orders a rank's share came in over three epochs.
+
+def rank_0_orders(set_epoch):
+    from torch.utils.data.distributed import DistributedSampler
+    sampler = DistributedSampler(list(range(12)), num_replicas=2, rank=0, shuffle=True, seed=0)
+    orders = []
+    for epoch in range(3):
+        if set_epoch:
+            sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    return orders
+
+
+def test_planted_set_epoch_forgotten_gives_one_distinct_order():
+    assert chapter_tools.distinct_orders(rank_0_orders(set_epoch=False)) == 1
+
+
+def test_right_case_set_epoch_gives_three_distinct_orders():
+    assert chapter_tools.distinct_orders(rank_0_orders(set_epoch=True)) == 3
+
+
+# The nan stop (ch08-stops-nan): no checkpoint of the epoch that diverged.
+
+def a_checkpoint(folder, value, epoch=1):
+    from ddp_scripts.models import Net
+    model = Net()
+    with torch.no_grad():
+        model.fc1.weight.fill_(value)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict(), "optimizer": {}, "epoch": epoch},
+               folder / "checkpoint.pt")
+
+
+def test_planted_a_checkpoint_of_the_diverged_epoch_is_said_to_be_written(tmp_path):
+    a_checkpoint(tmp_path, float("nan"))   # a script that saved before it checked the loss
+    assert chapter_tools.checkpoint_written(tmp_path) == (
+        "checkpoint.pt written: True (epoch 1, every parameter finite: False)")
+
+
+def test_right_case_the_diverging_run_writes_no_checkpoint(tmp_path):
+    from helpers import run_in_process
+    out = tmp_path / "diverging"
+    result = run_in_process("train_single.py", "--dataset", "synthetic", "--train-samples", "512",
+                            "--test-samples", "128", "--epochs", "2", "--device", "cpu",
+                            "--lr", "1e30", "--out", out)
+    assert result.returncode == 1, result.stderr
+    assert chapter_tools.checkpoint_written(out) == "checkpoint.pt written: False"
+    a_checkpoint(tmp_path / "finite", 0.5)
+    assert chapter_tools.checkpoint_written(tmp_path / "finite").endswith("finite: True)")
+
+
+# A restarted run against the uninterrupted one (ch08-killer-report), bit for bit.
+
+def trained_checkpoint(steps=2):
+    from ddp_scripts.models import Net
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(4, 3, 32, 32)).square().mean().backward()
+        optimizer.step()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 2}
+
+
+def test_planted_a_parameter_one_bit_apart_is_not_identical():
+    import copy
+    first, second = trained_checkpoint(), copy.deepcopy(trained_checkpoint())
+    weight = second["model"]["fc1.weight"]
+    weight[0, 0] = torch.nextafter(weight[0, 0], torch.tensor(1.0))
+    assert chapter_tools.same_training_state(first, second) == (False, True)
+
+
+def test_planted_momentum_of_a_resume_that_lost_it_differs():
+    """A resume without the optimizer's state: one step of momentum where the run had two."""
+    first, restarted = trained_checkpoint(steps=2), trained_checkpoint(steps=1)
+    restarted["model"] = first["model"]
+    assert chapter_tools.same_training_state(first, restarted) == (True, False)
+
+
+def test_right_case_the_same_training_is_identical():
+    assert chapter_tools.same_training_state(trained_checkpoint(), trained_checkpoint()) == (
+        True, True)

@@ -172,7 +172,7 @@ def test_table_computes_speed_ups_and_efficiency():
     assert results_table(results).loc["gpu", "ratios"] == ""
 
 
-def test_a_loaded_machine_is_labelled_unreliable():
+def test_planted_a_loaded_machine_is_labelled_unreliable():
     """The artefact seen once in chapter 7: a CPU run slowed by other work, one steady epoch
     at 193 samples/s, made DDP look 20x faster. Its repeats disagree, and it is labelled."""
     from ddp_scripts.measure.benchmark import RELIABLE_SPREAD, summarise_repeats
@@ -186,6 +186,20 @@ def test_a_loaded_machine_is_labelled_unreliable():
     summarise_repeats(run)
     assert run["samples_per_s"] == 2048.0 and run["samples_per_s_range"] == [193.0, 2100.0]
     assert run["spread"] > RELIABLE_SPREAD and not run["reliable"]
+
+
+def test_right_case_steady_repeats_are_reliable():
+    """The same two repeats with the slow epoch at the others' speed: reliable."""
+    from ddp_scripts.measure.benchmark import RELIABLE_SPREAD, summarise_repeats
+    run = {"train_samples": 1024, "repeats": [
+        {"wall_s": 9.0, "startup_s": 5.0, "train_s": 3.0, "total_s": 8.5,
+         "epoch_time_s": [1.0, 0.5, 0.5], "warmup_epochs": 1,
+         "steady_samples_per_s": [1950.0, 2048.0], "test_accuracy": 0.2},
+        {"wall_s": 8.0, "startup_s": 5.0, "train_s": 2.0, "total_s": 7.5,
+         "epoch_time_s": [1.0, 0.5, 0.5], "warmup_epochs": 1,
+         "steady_samples_per_s": [2000.0, 2100.0], "test_accuracy": 0.2}]}
+    summarise_repeats(run)
+    assert run["spread"] == 2100.0 / 1950.0 <= RELIABLE_SPREAD and run["reliable"]
 
 
 def test_hardware_label_names_gpus_links_and_cores():

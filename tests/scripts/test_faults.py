@@ -205,6 +205,36 @@ run_script("train_ddp.py", nproc=2, out={str(out)!r}, timeout=600, progress=Fals
         assert "KeyboardInterrupt" in log.read_text()
 
 
+# Chapter 8 counts the processes of a run that are still running (1c70c4a9,
+# ch08-stops-sigterm) with processes_mentioning: fed a process left running, and one that ended.
+
+def a_process_naming(folder):
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", str(folder)])
+
+
+def test_planted_a_process_left_running_is_counted(tmp_path):
+    left = a_process_naming(tmp_path / "run")
+    try:
+        assert [proc.pid for proc in processes_mentioning(str(tmp_path / "run"))] == [left.pid]
+    finally:
+        left.kill()
+        left.wait()
+
+
+def test_right_case_a_process_that_ended_is_not_counted(tmp_path):
+    ended = a_process_naming(tmp_path / "run")
+    ended.kill()
+    deadline = time.monotonic() + 30   # ended, not yet waited for: a zombie, which has ended
+    while psutil.Process(ended.pid).status() != psutil.STATUS_ZOMBIE and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert processes_mentioning(str(tmp_path / "run")) == []
+    finally:
+        ended.wait()
+    assert processes_mentioning(str(tmp_path / "run")) == []
+
+
 def test_node_that_never_joins_fails_with_a_rendezvous_timeout(tmp_path):
     """--nnodes 2 with the c10d rendezvous, but only node 0 is started: it waits 5 s for node 1,
     then gives up. (The static rendezvous's timeout: chapter 8's run, tests/site.)"""
