@@ -1,4 +1,5 @@
-"""Chapter 11's memory pages: the calculator's tables beside the run, its form, and two figures.
+"""Chapter 11's memory pages: the calculator's tables beside the run, its form, two figures,
+and the checks whose verdicts the chapter prints.
 
 The predictions come from ddp_scripts/recorders/memory_plan.py, the measurements from the lines
 ddp_scripts/recorders/memory_run.py wrote (memory.jsonl, and peaks.jsonl for torch's tracker); the
@@ -94,15 +95,28 @@ def peaks_side_by_side(predicted, tracked, gloo=None):
     return pd.DataFrame(rows).set_index(["strategy", "rank"])
 
 
-def allocator_agrees(predicted, requested_peak, workspaces):
-    """Whether a GPU's allocator saw the predicted peak: the bytes requested of it at its
-    peak (memory_stats' "requested_bytes.all.peak", each tensor's own size, before the
-    allocator rounds it up to a multiple of 512 bytes as max_memory_allocated counts it),
-    less cuBLAS's workspaces, which the allocator gave cuBLAS at the first step's matrix
-    products and no tensor holds (memory_run.tracked_peak measures them: what the allocator
-    held after the first step beyond the optimizer state made then). Nothing else is known to
-    differ, so to the byte."""
-    return peak_agrees(predicted, requested_peak - workspaces)
+def allocator_agrees(predicted, requested, workspaces):
+    """Whether a GPU's allocator saw the predicted bytes: the bytes requested of it, at its
+    peak or now (memory_stats' "requested_bytes.all.peak" or ".current", each tensor's own
+    size, before the allocator rounds it up to a multiple of 512 bytes as
+    max_memory_allocated counts it), less cuBLAS's workspaces, which the allocator gave cuBLAS
+    at the first step's matrix products and no tensor holds (memory_run.tracked_peak measures
+    them: what the allocator held after the first step beyond the optimizer state made then).
+    Nothing else is known to differ, so to the byte."""
+    return peak_agrees(predicted, requested - workspaces)
+
+
+def points_agree(checked):
+    """For each row of peaks_side_by_side: whether the tracker's peak last rose at the point
+    of the step where the prediction puts the peak."""
+    return checked["falls at"] == checked["tracked at"]
+
+
+def within_gloos_clone(checked):
+    """For each row of peaks_side_by_side (with its gloo columns): whether the gloo run held
+    no less than fake mode and at most what gloo's clone may add."""
+    beyond, may_add = checked["gloo beyond (B)"], checked["gloo may add (B)"]
+    return (beyond >= 0) & (beyond <= may_add)
 
 
 def gap_notes(checked):
@@ -110,13 +124,15 @@ def gap_notes(checked):
     not agree with (a rule is missing or wrong), and a gloo run that held more than the same
     steps in fake mode, named as gloo's clone only within what the clone can add."""
     notes = []
+    clone = (within_gloos_clone(checked) if "gloo beyond (B)" in checked
+             else pd.Series(False, index=checked.index))
     for (strategy, rank), row in checked.iterrows():
         if not row["agrees"]:
             notes.append(f"{strategy}, rank {rank}: the tracker holds {row['gap (B)']:+,} B "
                          f"beyond the prediction, at {row['tracked at']} (predicted at "
                          f"{row['falls at']}): a rule is missing or wrong")
         beyond = row.get("gloo beyond (B)", 0)
-        if beyond and 0 < beyond <= row["gloo may add (B)"]:
+        if beyond and clone[(strategy, rank)]:
             notes.append(f"{strategy}, rank {rank}: the gloo run held {beyond:,} B more than "
                          "the same steps in fake mode: the clone of a reduce-scatter input "
                          "that gloo all-reduces, freed by its worker thread")
@@ -139,6 +155,18 @@ def side_by_side(planned, measured):
         row["difference (B)"] = sum(abs(record[p] - predicted[p]) for p in MEASURED)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def parts_agree(side):
+    """Whether side_by_side's table has every part of every rank equal to the byte: the run
+    counts the bytes of tensors and the calculator the same tensors' bytes, so nothing is
+    known to differ."""
+    return bool((side["difference (B)"] == 0).all())
+
+
+def equal_to_the_byte(measured, formula):
+    """Whether two columns of byte counts, one row per world size, are equal on every row."""
+    return list(measured) == list(formula)
 
 
 def bar_label(strategy, rank):
@@ -298,3 +326,64 @@ def draw_collectives(axes, pieces):
             for name in ("whole after all-gather", "shard after reduce-scatter")}
     gaps = {name: float((grids[name] - real[name]).abs().max()) for name in real}
     return grids, gaps
+
+
+def collectives_allowed(pieces):
+    """How far each drawn "after" may be from what torch's collectives left. The all-gather
+    copies: nothing. The reduce-scatter adds the N ranks' gradients in gloo's order and divides
+    (FSDP2 in float64: by a power of two before the sum, by the rest after it); the drawing adds
+    them in rank order and divides by N. Each side rounds N times (N - 1 additions, one
+    division), each time by at most half a float64 epsilon of a number no larger than S, the
+    sum of the ranks' gradients' magnitudes at that place: so N * eps * S at most."""
+    grads = torch.tensor([sum(p["gradient before reduce-scatter"], []) for p in pieces],
+                         dtype=torch.float64)
+    eps = torch.finfo(torch.float64).eps
+    return {"whole after all-gather": 0.0,
+            "shard after reduce-scatter": float(len(pieces) * eps * grads.abs().sum(0).max())}
+
+
+def collectives_line(gaps, pieces):
+    """The line under the drawing: its largest difference from torch's collectives on any
+    rank, what rounding allows (collectives_allowed), and whether both are within it."""
+    allowed = collectives_allowed(pieces)
+    same = all(gaps[name] <= allowed[name] for name in allowed)
+    return (f"the drawing against torch's collectives, largest difference on any rank: "
+            f"all-gather {gaps['whole after all-gather']:.1e} (a copy: none allowed), "
+            f"reduce-scatter {gaps['shard after reduce-scatter']:.1e} (rounding allows "
+            f"{allowed['shard after reduce-scatter']:.1e}): "
+            + ("the same" if same else "NOT the same"))
+
+
+# The rest of the chapter's verdicts ------------------------------------------------------------
+
+def held_whole_line(setup, step, root_bytes, block_bytes):
+    """The line after the traffic table: the most weights a set-up of fsdp_anatomy.py held whole
+    at once, and whether that is the root and one block, as FSDP with each block sharded holds."""
+    most = step["most_whole_weight_bytes"]
+    parts = f"the root {root_bytes / 1e6:.2f} MB + one block {block_bytes / 1e6:.2f} MB"
+    return (f"{setup} held at most {most / 1e6:.2f} MB whole (at the start of "
+            f"{' '.join(step['most_whole_at'])}): "
+            + (parts if most == root_bytes + block_bytes else f"NOT {parts}"))
+
+
+def identical(state, other):
+    """Whether two state dicts hold the same names and, bit for bit, the same tensors (their
+    bytes compared: -0.0 is not 0.0 here, as torch.equal would have it)."""
+    def bits(tensor):
+        return tensor.detach().reshape(-1).contiguous().view(torch.uint8)
+    return state.keys() == other.keys() and all(
+        state[name].dtype == other[name].dtype and state[name].shape == other[name].shape
+        and torch.equal(bits(state[name]), bits(other[name])) for name in state)
+
+
+def all_plain(state):
+    """Whether every tensor of a state dict is a plain torch.Tensor (no DTensor, no shard of a
+    mesh that lived only in the run)."""
+    return all(type(tensor) is torch.Tensor for tensor in state.values())
+
+
+def optimizer_holds(optimizer, model):
+    """Whether the optimizer holds every parameter the model has now (the same tensors, not
+    equal ones)."""
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    return all(id(p) in held for p in model.parameters())

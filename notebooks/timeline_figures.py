@@ -1,13 +1,16 @@
-"""Figures of chapters 8 and 10, drawn from what their runs recorded.
+"""Figures of chapters 8 and 10, drawn from what their runs recorded, and chapter 10's verdicts.
 
     from notebooks.timeline_figures import draw_hang, draw_padding, draw_step, draw_micro
 
 Each `draw_*` takes a run's data (files the ranks wrote, a sampler, profiler events, a results
 file) and draws it with notebooks.figures; it returns what it drew, for a test to compare with
-the data. The `*_rows` functions turn the data into the rows the figure shows.
+the data. The `*_rows` functions turn the data into the rows the figure shows. The `*_line`
+functions and `grads_in_buckets` decide what chapter 10 prints under its tables.
 """
 import json
 from pathlib import Path
+
+import pandas as pd
 
 from notebooks.figures import colour, stacked_bars, tensor_grid, timeline
 
@@ -271,3 +274,46 @@ def draw_micro(axes, panels):
         if ax is not axes[len(panels) - 1]:
             ax.get_legend().remove()  # one legend, under the last panel
     return drawn
+
+
+# Chapter 10: the lines printed under the tables --------------------------------------------
+
+def accuracy_line(accuracy, lever="--augment", baseline="untuned"):
+    """The line under the levers' table: how far `lever`'s test accuracy is from `baseline`'s,
+    how far the other levers' are at most, and whether `lever` moves it most.
+    accuracy: {row: test accuracy}; rows that did not run (None, NaN) are left out."""
+    accuracy = pd.Series(accuracy, dtype=float).dropna()
+    moved = (accuracy - accuracy[baseline]).abs().drop(baseline)
+    others = moved.drop(lever).max()
+    return (f"test accuracy against the untuned run's: {lever} {moved[lever]:.3f} apart, "
+            f"every other lever within {others:.3f}: {lever} moves it "
+            + ("most" if moved[lever] > others else "NOT most"))
+
+
+def scaling_line(accuracy, test_images):
+    """The line under the batch-size table. accuracy: the test accuracies of the small batch,
+    the 8x batch at the same rate, with the linear rule, and with warm-up, in that order.
+
+    An accuracy measured on `test_images` images is itself uncertain by about one standard
+    error, sqrt(p (1 - p) / test_images). A loss no larger leaves no gap to win back: the share
+    the linear rule wins back is given only for a loss beyond it."""
+    small, large, linear, warm = accuracy
+    lost = small - large
+    noise = (small * (1 - small) / test_images) ** 0.5
+    if lost > noise:
+        back = f"the linear rule wins back {(linear - large) / lost:.0%} of it"
+    else:
+        back = (f"{'a gain beyond' if lost < -noise else 'within'} the noise of "
+                f"{test_images:,} test images (one standard error, {noise:.3f}): no gap for "
+                f"the linear rule to win back at this scale")
+    return (f"8x batch, same lr: accuracy {-lost:+.3f}; {back}; warm-up then changes the "
+            f"accuracy by {warm - linear:+.3f}")
+
+
+def grads_in_buckets(parameters, buffers):
+    """Whether every parameter's .grad is a view of one of DDP's bucket buffers (what a
+    communication hook gets as `bucket.buffer()`): a tensor in a buffer's memory."""
+    bucket_memory = {buffer.untyped_storage().data_ptr() for buffer in buffers}
+    grads = [p.grad for p in parameters if p.grad is not None]
+    return bool(grads) and all(grad.untyped_storage().data_ptr() in bucket_memory
+                               for grad in grads)

@@ -21,7 +21,8 @@ from ddp_scripts.recorders.memory_plan import (PARTS, PEAK_STRATEGIES, chunk_row
                                                plan)
 from ddp_scripts.recorders.memory_run import fake_peaks
 from ddp_scripts.sharding import WideMLP
-from notebooks.fsdp_memory import allocator_agrees, gap_notes, peaks_side_by_side
+from notebooks.fsdp_memory import (allocator_agrees, gap_notes, peaks_side_by_side, points_agree,
+                                   within_gloos_clone)
 
 RANKS, WIDTH, DEPTH, BATCH = 3, 64, 2, 6
 # Where activations and their gradients are most of the peak: 512 images per rank
@@ -145,7 +146,7 @@ def test_right_case_every_ranks_peak_is_the_trackers_to_the_byte(case, small, he
     assert len(tracked) == 1 + 4 * ranks  # one process; DDP, its bucket view, ZeRO-1, FSDP
     table = checked(tracked, case)
     assert table["agrees"].all() and (table["gap (B)"] == 0).all(), table
-    assert (table["falls at"] == table["tracked at"]).all(), table
+    assert points_agree(table).all(), table  # the tracked peak last rose where predicted
     assert gap_notes(table) == []
     for record in tracked.values():
         assert record["mode"] == "fake" and record["categories"]
@@ -215,6 +216,19 @@ def test_planted_activations_all_freed_when_backward_starts_fails_the_check(case
 def test_planted_activations_freed_misses_the_heavy_case_by_megabytes(heavy, monkeypatch):
     plant(monkeypatch, freed_when_backward_starts)
     assert (checked(heavy, "heavy")["gap (B)"] > 1e6).all()
+
+
+def test_planted_activations_freed_when_backward_starts_moves_the_heavy_cases_peak_point(
+        heavy, monkeypatch):
+    """Freed as backward starts, the activations no longer raise backward's first layers: the
+    predicted peak moves to another point of the step, on every row."""
+    plant(monkeypatch, freed_when_backward_starts)
+    assert not points_agree(checked(heavy, "heavy")).any()
+
+
+def test_planted_all_gather_buffers_dropped_moves_fsdps_peak_point(small):
+    moved = ~points_agree(checked(small, "small", **{"all-gather buffers": False}))
+    assert {strategy for (strategy, _), wrong in moved.items() if wrong} == {"FSDP"}
 
 
 @pytest.mark.parametrize("case", ["small", "heavy"])
@@ -292,8 +306,8 @@ def test_the_gloo_run_holds_what_fake_mode_holds_or_at_most_gloos_clone_more(on_
     model = WideMLP(WIDTH, DEPTH)
     planned = peak_plan(model, BATCH, RANKS, torch.float64, units=model.blocks)
     table = peaks_side_by_side(planned, small, on_gloo)
-    beyond, may_add = table["gloo beyond (B)"], table["gloo may add (B)"]
-    assert ((beyond >= 0) & (beyond <= may_add)).all(), table
+    assert within_gloos_clone(table).all(), table
+    may_add = table["gloo may add (B)"]
     assert (may_add[table.index.get_level_values("strategy") != "FSDP"] == 0).all()
     for record in on_gloo.values():  # the tracker saw buffers the counted tensors do not hold
         assert record["tracked_peak"] > 0 and record["categories"]
@@ -311,9 +325,11 @@ def note_table(gap, beyond, may_add=1_000_000):
 
 
 def test_right_case_a_gloo_clone_within_its_bound_is_named_as_gloos():
-    notes = gap_notes(note_table(gap=0, beyond=300_000))
+    table = note_table(gap=0, beyond=300_000)
+    notes = gap_notes(table)
     assert len(notes) == 1 and "FSDP, rank 0: the gloo run held 300,000 B more" in notes[0]
     assert "clone of a reduce-scatter input" in notes[0]
+    assert within_gloos_clone(table).all()
 
 
 def test_planted_rule_dropped_is_never_blamed_on_gloos_clone():
@@ -325,8 +341,11 @@ def test_planted_rule_dropped_is_never_blamed_on_gloos_clone():
 
 
 def test_planted_gloo_gap_beyond_the_clone_is_not_explained_by_it():
-    notes = gap_notes(note_table(gap=0, beyond=2_000_000))
-    assert len(notes) == 1 and "does not explain" in notes[0]
+    for beyond in (2_000_000, -512):  # more than the clone; less than fake mode holds
+        table = note_table(gap=0, beyond=beyond)
+        notes = gap_notes(table)
+        assert len(notes) == 1 and "does not explain" in notes[0]
+        assert within_gloos_clone(table).tolist() == [True, False]
 
 
 # On a GPU: the allocator's peak less cuBLAS's workspaces (synthetic numbers: no GPU here) ------
@@ -364,6 +383,28 @@ def test_planted_allocator_beyond_the_prediction_fails_the_check():
     table = peaks_side_by_side(predicted, gpu_record(PEAK + WORKSPACE + 512,
                                                      PEAK + WORKSPACE + 1024))
     assert table["agrees"].all() and not table["allocator agrees"].any()
+
+
+# After the step, on one GPU (the chapter's WideMLP(2048, 8), float32, 512 images and their
+# int64 labels): the parameters, the momentum and the batch; the gradients set to None.
+def after_the_step():
+    """(P + O + batch as the chapter predicts them, G) in bytes."""
+    with torch.device("meta"):
+        model = WideMLP(2048, 8)
+    predicted = plan(model, 512, 1, torch.float32, units=model.blocks)["one process"][0]
+    batch = 512 * 3 * 32 * 32 * 4 + 512 * 8
+    return predicted["parameters"] + predicted["optimizer"] + batch, predicted["gradients"]
+
+
+def test_right_case_after_the_step_the_allocator_holds_the_parameters_momentum_and_batch():
+    held, _ = after_the_step()
+    assert allocator_agrees(held, held + WORKSPACE, WORKSPACE)
+
+
+def test_planted_gradients_kept_after_the_step_fail_the_after_step_check():
+    """zero_grad(set_to_none=False): the gradients stay allocated, G more than predicted."""
+    held, gradients = after_the_step()
+    assert not allocator_agrees(held, held + gradients + WORKSPACE, WORKSPACE)
 
 
 # The rest of the calculator ---------------------------------------------------------------------
