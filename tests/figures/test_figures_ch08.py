@@ -233,8 +233,13 @@ def test_right_case_the_late_child_keeps_the_default_threads():
             + report)
     clean = {k: v for k, v in os.environ.items()
              if k not in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")}
+    # every core: pytest-xdist's workers are pinned to a share of them (tests/conftest.py),
+    # which the children would inherit, and torch's default is a thread per usable core
+    every_core = (lambda: os.sched_setaffinity(0, range(os.cpu_count()))) \
+        if hasattr(os, "sched_setaffinity") else None
     seen = [json.loads(subprocess.run([sys.executable, "-c", program], capture_output=True,
-                                      text=True, env=clean, timeout=300).stdout.splitlines()[-1])
+                                      text=True, env=clean, timeout=300,
+                                      preexec_fn=every_core).stdout.splitlines()[-1])
             for program in (before, late)]
     assert chapter_tools.late_setting_paragraph(*seen, 0) == (
         "No GPU here, so both children count 0 GPUs and neither finds CUDA usable. The thread "
