@@ -294,18 +294,19 @@ def scaling_line(accuracy, test_images):
     """The line under the batch-size table. accuracy: the test accuracies of the small batch,
     the 8x batch at the same rate, with the linear rule, and with warm-up, in that order.
 
-    An accuracy measured on `test_images` images is itself uncertain by about one standard
-    error, sqrt(p (1 - p) / test_images). A loss no larger leaves no gap to win back: the share
-    the linear rule wins back is given only for a loss beyond it."""
+    Each accuracy measured on `test_images` images is uncertain by about one standard error,
+    sqrt(p (1 - p) / test_images); their difference, by the two combined. A loss within two
+    standard errors of the difference may be chance: the share the linear rule wins back is
+    given only for a loss beyond that."""
     small, large, linear, warm = accuracy
     lost = small - large
-    noise = (small * (1 - small) / test_images) ** 0.5
+    noise = 2 * ((small * (1 - small) + large * (1 - large)) / test_images) ** 0.5
     if lost > noise:
         back = f"the linear rule wins back {(linear - large) / lost:.0%} of it"
     else:
         back = (f"{'a gain beyond' if lost < -noise else 'within'} the noise of "
-                f"{test_images:,} test images (one standard error, {noise:.3f}): no gap for "
-                f"the linear rule to win back at this scale")
+                f"{test_images:,} test images (two standard errors of the difference, "
+                f"{noise:.3f}): no gap for the linear rule to win back at this scale")
     return (f"8x batch, same lr: accuracy {-lost:+.3f}; {back}; warm-up then changes the "
             f"accuracy by {warm - linear:+.3f}")
 

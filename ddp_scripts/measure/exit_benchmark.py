@@ -15,6 +15,7 @@ length (about 10 s here).
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,15 +74,22 @@ def end_all(run):
 
 def main(argv=None):
     args = parse_args(argv)
-    if not (args.source / "ddp_scripts" / args.script).is_file():
-        raise UsageError(f"--script {args.script}: no such file in {args.source / 'ddp_scripts'}")
+    if Path(args.script).name != args.script or not args.script.endswith(".py") \
+            or not (args.source / "ddp_scripts" / args.script).is_file():
+        raise UsageError(f"--script {args.script}: not a script of {args.source / 'ddp_scripts'}")
     try:
         versions = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
                                   capture_output=True, text=True)
     except OSError:
         versions = None
-    if versions is None or versions.returncode != 0:
+    if versions is None or versions.returncode != 0 or not re.match(r"\d+\.\d+", versions.stdout):
         raise UsageError(f"--python {args.python}: cannot import torch")
+    try:  # before the runs, so that a folder it cannot write to costs none of them
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "a"):
+            pass
+    except OSError as error:
+        raise UsageError(f"--out {args.out}: cannot write to it ({error.strerror})") from None
     commit = subprocess.run(["git", "-C", str(args.source), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or None
     load_before, statuses = os.getloadavg(), []
@@ -98,7 +106,6 @@ def main(argv=None):
               "limit_s": args.limit_s, "usable_cores": usable_cores(),
               "load_before": [round(x, 2) for x in load_before],
               "load_after": [round(x, 2) for x in os.getloadavg()], "platform": sys.platform}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as out:
         out.write(json.dumps(record) + "\n")
     print(json.dumps(record))

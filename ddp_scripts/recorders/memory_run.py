@@ -70,7 +70,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_scripts.cli import UsageError, run_cli
 from ddp_scripts.options import ArgumentParser, count
-from ddp_scripts.ranks import init_process_group
+from ddp_scripts.ranks import init_process_group, leave_process_group
 from ddp_scripts.recorders.memory_plan import PEAK_STRATEGIES
 from ddp_scripts.sharding import WideMLP
 
@@ -319,7 +319,7 @@ def fake_peak(strategy, width, depth, batch, ranks, rank, dtype):
                                    mesh), "rank": rank, "mode": "fake"}
     finally:
         torch.set_default_dtype(default)
-        dist.destroy_process_group()
+        leave_process_group()  # after every DDP model is freed
 
 
 def fake_peaks(width, depth, global_batch_size, ranks, dtype, strategies=PEAK_STRATEGIES):
@@ -414,7 +414,7 @@ def main():
             (out / name).write_text("\n".join(lines) + "\n")
         (out / "collectives.json").write_text(json.dumps([rank[2] for rank in everyone]))
     dist.barrier()
-    dist.destroy_process_group()
+    leave_process_group()  # after every DDP model is freed
 
 
 if __name__ == "__main__":

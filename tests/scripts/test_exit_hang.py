@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.helpers import SCRIPTS
+from tests.helpers import SCRIPTS, assert_one_line_error
 from ddp_scripts.mistakes.exit_hang import wait_until_asleep
 
 pytestmark = [pytest.mark.timeout(120),
@@ -45,3 +45,15 @@ def test_planted_gil_released_in_the_wait_lets_the_program_end(tmp_path):
         assert "never printed" in knot.stdout.read()
     finally:
         knot.kill()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--python", "/bin/true"], "cannot import torch"),
+    (["--python", sys.executable, "--script", "../README.md"], "not a script of"),
+    (["--python", sys.executable, "--out", "/proc/no/such.jsonl"], "cannot write to it"),
+])
+def test_the_exit_benchmark_refuses_bad_input_before_any_run(args, fragment, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "ddp_scripts.measure.exit_benchmark",
+                             "--out", str(tmp_path / "out.jsonl"), *args],
+                            capture_output=True, text=True, cwd=SCRIPTS.parent, timeout=300)
+    assert_one_line_error(result, fragment)
