@@ -199,6 +199,16 @@ def save_epoch(args, epoch, model, optimizer, train_totals, test_totals, epoch_t
         f"test_accuracy={record['test_accuracy']:.4f} samples/s={record['samples_per_s']:.0f}")
 
 
+def identical(state, other):
+    """Whether two state dicts hold the same names and, bit for bit, the same tensors (their
+    bytes compared: -0.0 is not 0.0 here, as torch.equal would have it)."""
+    def bits(tensor):
+        return tensor.detach().reshape(-1).contiguous().view(torch.uint8)
+    return state.keys() == other.keys() and all(
+        state[name].dtype == other[name].dtype and state[name].shape == other[name].shape
+        and torch.equal(bits(state[name]), bits(other[name])) for name in state)
+
+
 def resume_from(checkpoint, model, optimizer, out):
     """Load a checkpoint (or None) into the model and optimizer; returns the first epoch to run."""
     if checkpoint is None:

@@ -346,6 +346,10 @@ def threads_against_processes(results):
     if threaded["reliable"] and split["reliable"]:
         return (f"Both runs held steady here ({spreads}): other work did not take their"
                 " cores for long enough to show.")
+    if not threaded["reliable"] and not split["reliable"]:
+        return (f"Other work took cores during these runs ({spreads}). Both runs were"
+                " unsteady, so they cannot show whether the threads suffer more than the"
+                " processes.")
     return f"Other work took cores during these runs ({spreads})."
 
 

@@ -224,10 +224,10 @@ def checkpoint_written(folder):
 def same_training_state(first, second):
     """(every parameter identical, momentum identical) of two checkpoints of the scripts: the
     same names and every tensor equal bit for bit, in the model and in SGD's momentum."""
-    from ddp_scripts.practice.by_hand import same_tensors
+    from ddp_scripts.checkpoints import identical
 
     def momentum(checkpoint):
         return {index: state["momentum_buffer"]
                 for index, state in checkpoint["optimizer"]["state"].items()}
-    return (same_tensors(first["model"], second["model"]),
-            same_tensors(momentum(first), momentum(second)))
+    return (identical(first["model"], second["model"]),
+            identical(momentum(first), momentum(second)))

@@ -258,7 +258,8 @@ def late_setting_line(kernel_uuids, seen, value):
         return (f"The variable now says {value}, yet the child still has all {len(seen)} GPU(s), "
                 f"and its cuda:0 is this kernel's {numbers[0]}: the setting came too late.")
     return (f"The variable says {value}, and the child has {', '.join(numbers) or 'no GPU'}, "
-            f"NOT all {len(kernel_uuids)} of this kernel's: the setting took effect.")
+            f"NOT all {len(kernel_uuids)} of this kernel's in its order: the setting took "
+            "effect.")
 
 
 def code_for_cards(cards, arch_list):

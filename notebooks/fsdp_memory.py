@@ -13,6 +13,7 @@ import torch
 from ddp_scripts.recorders.memory_plan import (PARTS, PEAK_STRATEGIES, STATES_PER_PARAMETER,
                                                STRATEGIES, peak_agrees, peak_plan, plan)
 from ddp_scripts.recorders.memory_run import fake_peaks
+from ddp_scripts.checkpoints import identical  # noqa: F401 (the chapter imports it from here)
 from ddp_scripts.sharding import WideMLP
 from notebooks.figures import colour, stacked_bars, tensor_grid
 
@@ -364,16 +365,6 @@ def held_whole_line(setup, step, root_bytes, block_bytes):
     return (f"{setup} held at most {most / 1e6:.2f} MB whole (at the start of "
             f"{' '.join(step['most_whole_at'])}): "
             + (parts if most == root_bytes + block_bytes else f"NOT {parts}"))
-
-
-def identical(state, other):
-    """Whether two state dicts hold the same names and, bit for bit, the same tensors (their
-    bytes compared: -0.0 is not 0.0 here, as torch.equal would have it)."""
-    def bits(tensor):
-        return tensor.detach().reshape(-1).contiguous().view(torch.uint8)
-    return state.keys() == other.keys() and all(
-        state[name].dtype == other[name].dtype and state[name].shape == other[name].shape
-        and torch.equal(bits(state[name]), bits(other[name])) for name in state)
 
 
 def all_plain(state):

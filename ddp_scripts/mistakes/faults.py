@@ -24,12 +24,13 @@ from ddp_scripts.runfiles import CHECKPOINT, METRICS, logged_epochs
 
 
 def processes_mentioning(text):
-    """Every running process whose command line contains `text` (a script, an out dir)."""
+    """Every running process whose command line contains `text` (a script, an out dir). A
+    process that has ended but not been waited for (a zombie) has an empty command line in
+    /proc, which psutil reads as None: it mentions nothing, so it is never counted."""
     found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
+    for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if (text in cmdline and proc.pid != os.getpid()
-                and proc.info["status"] != psutil.STATUS_ZOMBIE):  # a zombie has ended
+        if text in cmdline and proc.pid != os.getpid():
             found.append(proc)
     return found
 

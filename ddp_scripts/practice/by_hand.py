@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddp_scripts.checkpoints import identical
 from ddp_scripts.practice.group import all_equal, gather, largest_difference, main
 
 STEPS, BATCH, LR = 20, 16, 0.05
@@ -64,12 +65,6 @@ def fingerprint(tensors):
     return hashlib.sha256(b"".join(t.numpy().tobytes() for t in tensors)).hexdigest()[:16]
 
 
-def same_tensors(first, second):
-    """Whether two state_dicts have the same names and equal tensors, bit for bit."""
-    return first.keys() == second.keys() and all(torch.equal(first[name], second[name])
-                                                  for name in first)
-
-
 def counting_hook(counter, bucket):
     """DDP's own all-reduce of one bucket of gradients, counted."""
     counter["all_reduces"] += 1
@@ -108,7 +103,7 @@ def demo(out):
         torch.save(by_hand.state_dict(), checkpoint)
     dist.barrier()                                 # without it, rank 1 may read too early
     loaded = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    same_as_saved = same_tensors(loaded, by_hand.state_dict())
+    same_as_saved = identical(loaded, by_hand.state_dict())
     return {
         "world_size": world_size, "steps": STEPS, "batch_per_rank": BATCH,
         "dtype": "float64",

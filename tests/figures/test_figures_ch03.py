@@ -79,8 +79,15 @@ def test_right_case_physical_gpu_2_alone_as_cuda_0():
 
 def test_planted_a_setting_that_took_effect_is_not_called_too_late():
     line = device_figures.late_setting_line(KERNEL, ["GPU-c"], "2")
-    assert line.endswith("the child has cuda:2, NOT all 4 of this kernel's: the setting took "
-                         "effect."), line
+    assert line.endswith("the child has cuda:2, NOT all 4 of this kernel's in its order: the "
+                         "setting took effect."), line
+
+
+def test_planted_the_same_gpus_reordered_is_not_called_too_late():
+    # CUDA_VISIBLE_DEVICES="1,0" that took effect: as many GPUs as this kernel's, in another order
+    line = device_figures.late_setting_line(KERNEL[:2], ["GPU-b", "GPU-a"], "1,0")
+    assert line == ("The variable says 1,0, and the child has cuda:1, cuda:0, NOT all 2 of this "
+                    "kernel's in its order: the setting took effect.")
 
 
 def test_right_case_every_gpu_kept_in_order_is_too_late():

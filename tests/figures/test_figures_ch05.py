@@ -383,6 +383,17 @@ def test_right_case_set_epoch_gives_each_epoch_its_own_order():
     assert not ddp_figures.same_order_every_epoch(orders_over_epochs(set_epoch=True))
 
 
+def test_planted_the_same_samples_in_another_order_is_another_order():
+    from torch.utils.data.distributed import DistributedSampler
+    sampler = DistributedSampler(list(range(12)), num_replicas=1, rank=0, seed=0)
+    orders = []
+    for epoch in range(3):   # one rank: every epoch the same 12 samples, each in its own order
+        sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    assert all(sorted(order) == sorted(orders[0]) for order in orders)
+    assert not ddp_figures.same_order_every_epoch(orders)
+
+
 def one_process_order(n, seed):
     from torch.utils.data import RandomSampler
     return list(RandomSampler(range(n), generator=torch.Generator().manual_seed(seed)))
@@ -396,6 +407,14 @@ def test_planted_one_process_shuffled_without_the_epoch_has_other_batches():
 def test_planted_ranks_without_set_epoch_have_other_batches():
     shares = shares_of(range(256), 2, epoch=0)   # the ranks' sampler still at epoch 0
     assert not ddp_figures.same_global_batches(one_process_order(256, 0 + 1), shares, 32)
+
+
+def test_planted_a_later_batch_that_differs_is_caught():
+    shares = shares_of(range(256), 2, epoch=0)
+    one_process = one_process_order(256, 0)
+    # swap one sample of batch 2 with one of batch 3: batches 0 and 1 still agree
+    one_process[2 * 64], one_process[3 * 64] = one_process[3 * 64], one_process[2 * 64]
+    assert not ddp_figures.same_global_batches(one_process, shares, 32)
 
 
 def test_right_case_seed_plus_epoch_cuts_the_same_global_batches():

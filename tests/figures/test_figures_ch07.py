@@ -468,6 +468,15 @@ def test_planted_other_work_that_stalled_the_threads_is_called_a_collapse():
         "threads in one process, 3.0x with 2 one-thread processes).")
 
 
+def test_planted_both_runs_unsteady_is_not_called_a_collapse_of_the_threads():
+    results = committed_cpu_file(cpu={"reliable": False, "spread": 2.98},
+                                 ddp={"reliable": False, "spread": 2.5})
+    assert ch07_figures.threads_against_processes(results) == (
+        "Other work took cores during these runs (fastest over slowest epoch: 3.0x with 2 "
+        "threads in one process, 2.5x with 2 one-thread processes). Both runs were unsteady, "
+        "so they cannot show whether the threads suffer more than the processes.")
+
+
 def test_right_case_runs_that_held_steady_are_said_to():
     said = ch07_figures.threads_against_processes(committed_cpu_file())
     assert said.startswith("Both runs held steady here")

@@ -294,6 +294,11 @@ def test_planted_set_epoch_forgotten_gives_one_distinct_order():
     assert chapter_tools.distinct_orders(rank_0_orders(set_epoch=False)) == 1
 
 
+def test_planted_the_same_samples_in_another_order_count_as_two_orders():
+    first = rank_0_orders(set_epoch=False)[0]
+    assert chapter_tools.distinct_orders([first, first[::-1]]) == 2
+
+
 def test_right_case_set_epoch_gives_three_distinct_orders():
     assert chapter_tools.distinct_orders(rank_0_orders(set_epoch=True)) == 3
 

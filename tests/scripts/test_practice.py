@@ -174,18 +174,35 @@ def test_right_case_one_seed_everywhere_gives_rank_0s_layer():
 
 
 def test_planted_a_checkpoint_read_too_early_is_not_the_one_written():
-    from ddp_scripts.practice.by_hand import make_model, same_tensors
+    from ddp_scripts.checkpoints import identical
+    from ddp_scripts.practice.by_hand import make_model
     written = make_model().state_dict()
     older = {name: tensor + 1 for name, tensor in written.items()}   # a previous run's file
     half = dict(list(written.items())[:2])                            # a file cut short
-    assert not same_tensors(older, written) and not same_tensors(half, written)
+    assert not identical(older, written) and not identical(half, written)
 
 
 def test_right_case_the_checkpoint_read_is_the_one_written():
-    from ddp_scripts.practice.by_hand import make_model, same_tensors
+    from ddp_scripts.checkpoints import identical
+    from ddp_scripts.practice.by_hand import make_model
     written = make_model().state_dict()
     read = {name: tensor.clone() for name, tensor in written.items()}
-    assert same_tensors(read, written)
+    assert identical(read, written)
+
+
+def test_planted_a_negative_zero_is_not_the_zero_written():
+    from ddp_scripts.checkpoints import identical
+    written = {"w": torch.zeros(3, dtype=torch.float64)}
+    assert torch.equal(-written["w"], written["w"])   # equal as numbers, not as bits
+    assert not identical({"w": -written["w"]}, written)
+
+
+def test_right_case_a_nan_read_back_with_the_same_bits_is_the_one_written():
+    from ddp_scripts.checkpoints import identical
+    written = {"w": torch.tensor([1.0, float("nan")], dtype=torch.float64)}
+    read = {"w": written["w"].clone()}
+    assert not torch.equal(read["w"], written["w"])   # NaN != NaN as numbers
+    assert identical(read, written)
 
 
 def test_planted_a_rank_that_did_not_fail_is_not_every_rank():
