@@ -115,3 +115,16 @@ def assert_one_line_error(result, *fragments):
     assert "Traceback" not in result.stderr + result.stdout
     for fragment in fragments:
         assert fragment in errors[0], errors[0]
+
+
+def sampler_orders(set_epoch, num_replicas=2, epochs=3):
+    """The order rank 0's share of 12 samples comes in, epoch after epoch, from a seeded
+    DistributedSampler, with or without set_epoch (chapters 5 and 8)."""
+    from torch.utils.data.distributed import DistributedSampler
+    sampler = DistributedSampler(list(range(12)), num_replicas=num_replicas, rank=0, seed=0)
+    orders = []
+    for epoch in range(epochs):
+        if set_epoch:
+            sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    return orders

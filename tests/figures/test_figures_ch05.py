@@ -11,6 +11,7 @@ import torch
 
 from ddp_scripts.launcher import run_command, torchrun_command
 from notebooks import ddp_figures
+from helpers import sampler_orders
 
 WORLD = 4
 
@@ -365,14 +366,7 @@ def test_right_case_every_rank_its_own_share_sees_every_sample_once():
 
 
 def orders_over_epochs(set_epoch):
-    from torch.utils.data.distributed import DistributedSampler
-    sampler = DistributedSampler(list(range(12)), num_replicas=3, rank=0, seed=0)
-    orders = []
-    for epoch in range(3):
-        if set_epoch:
-            sampler.set_epoch(epoch)
-        orders.append(list(sampler))
-    return orders
+    return sampler_orders(set_epoch, num_replicas=3)
 
 
 def test_planted_set_epoch_forgotten_gives_the_same_order_every_epoch():

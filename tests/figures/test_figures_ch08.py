@@ -12,6 +12,7 @@ import torch
 
 from ddp_scripts.launcher import LaunchError, run_command, torchrun_command
 from notebooks import chapter_tools, timeline_figures
+from helpers import sampler_orders
 
 TIMEOUT_S = 2
 
@@ -280,14 +281,7 @@ def test_right_case_a_child_without_cuda_says_why_it_cannot_load(tmp_path):
 # set_epoch forgotten (510f1c34): the orders a rank's share came in over three epochs.
 
 def rank_0_orders(set_epoch):
-    from torch.utils.data.distributed import DistributedSampler
-    sampler = DistributedSampler(list(range(12)), num_replicas=2, rank=0, shuffle=True, seed=0)
-    orders = []
-    for epoch in range(3):
-        if set_epoch:
-            sampler.set_epoch(epoch)
-        orders.append(list(sampler))
-    return orders
+    return sampler_orders(set_epoch, num_replicas=2)
 
 
 def test_planted_set_epoch_forgotten_gives_one_distinct_order():

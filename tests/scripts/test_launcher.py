@@ -216,22 +216,28 @@ def test_planted_survivor_file_a_second_before_the_death_torchrun_names_the_kill
                           "last checkpoint saved, if any, is whole")], "\n".join(lines)
 
 
-@pytest.mark.timeout(300)
-def test_planted_one_line_stop_torchruns_summary_shows_the_line(tmp_path):
-    """A rank that stops with one line (a UsageError) under torchrun: torchrun's summary
-    quotes the line where a traceback would be, and names that rank."""
-    script = tmp_path / "refuses.py"
+def rank_one_raises(script, error):
+    """A run_cli script at `script` whose rank 1 raises `error` (Python source) at once, while
+    rank 0 waits."""
     script.write_text(f"""import os, sys, time
 sys.path.insert(0, {str(ROOT)!r})
 from ddp_scripts.cli import UsageError, run_cli
 
 def main():
     if os.environ["RANK"] == "1":
-        raise UsageError("--out x cannot be written: Not a directory")
+        raise {error}
     time.sleep(60)
 
 run_cli(main)
 """)
+    return script
+
+
+@pytest.mark.timeout(300)
+def test_planted_one_line_stop_torchruns_summary_shows_the_line(tmp_path):
+    """A rank that stops with one line (a UsageError) under torchrun: torchrun's summary
+    quotes the line where a traceback would be, and names that rank."""
+    script = rank_one_raises(tmp_path / "refuses.py", 'UsageError("--out x cannot be written: Not a directory")')
     lines = []
     with pytest.raises(LaunchError) as caught:
         run_command(torchrun_command(str(script), 2), timeout=120, echo=lines.append)
@@ -243,18 +249,7 @@ run_cli(main)
 
 @pytest.mark.timeout(300)
 def test_right_case_an_uncaught_error_keeps_its_traceback_in_torchruns_summary(tmp_path):
-    script = tmp_path / "breaks.py"
-    script.write_text(f"""import os, sys, time
-sys.path.insert(0, {str(ROOT)!r})
-from ddp_scripts.cli import run_cli
-
-def main():
-    if os.environ["RANK"] == "1":
-        raise ValueError("rank one broke")
-    time.sleep(60)
-
-run_cli(main)
-""")
+    script = rank_one_raises(tmp_path / "breaks.py", 'ValueError("rank one broke")')
     lines = []
     with pytest.raises(LaunchError):
         run_command(torchrun_command(str(script), 2), timeout=120, echo=lines.append)
