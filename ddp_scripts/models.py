@@ -59,3 +59,47 @@ def evaluate(model, loader, device):
         totals[1] += (outputs.argmax(1) == labels).sum()
         totals[2] += len(labels)
     return totals
+
+
+class DecoderBlock(nn.Module):
+    """One block of a GPT-style decoder: causal self-attention, then a 4x-wide MLP, each
+    after a LayerNorm and added back to its input."""
+
+    def __init__(self, hidden, heads):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden size {hidden} does not split into {heads} heads")
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.norm2 = nn.LayerNorm(hidden)
+        self.up = nn.Linear(hidden, 4 * hidden)
+        self.down = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x):
+        batch, seq, hidden = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(batch, seq, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attended.transpose(1, 2).reshape(batch, seq, hidden))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class Decoder(nn.Module):
+    """A GPT-style decoder: token and position embeddings, `layers` blocks, a LayerNorm and a
+    head to the vocabulary. Tokens in (batch, seq), logits out (batch, seq, vocab).
+    32 layers of 4096 with a vocabulary of 32000 make 6.7 billion parameters."""
+
+    def __init__(self, layers=2, hidden=64, heads=4, vocab=256, seq=32):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.position = nn.Embedding(seq, hidden)
+        self.blocks = nn.ModuleList(DecoderBlock(hidden, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.position(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))

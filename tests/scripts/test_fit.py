@@ -1,0 +1,190 @@
+"""python -m ddp_scripts.fit: the rules' peak agrees with torch's tracker on models of every
+family, under every optimizer, precision, checkpointing and strategy; a rule left out makes
+the check fail; DDP's bucket rule holds in a real gloo run; bad input is one line."""
+import json
+
+import pytest
+import torch
+
+from ddp_scripts.fit import rules
+from ddp_scripts.fit.check import TOLERANCE, fit, memory_size
+from ddp_scripts.fit.trace import build, units_of
+from ddp_scripts.launcher import run_command, torchrun_command
+from helpers import ROOT, assert_one_line_error, run_in_process
+
+BN_CNN = f"{ROOT / 'tests' / 'fit_models.py'}:bn_cnn"
+IMAGES = ((3, 32, 32), torch.float32)
+TOKENS = ((32,), torch.long)
+# (model, kwargs, input, batch per rank, optimizer, precision, checkpointing, strategy, ranks)
+CASES = [
+    (BN_CNN, {}, IMAGES, 8, "sgd-momentum", "float32", False, "single", 1),
+    (BN_CNN, {}, IMAGES, 8, "adam", "bf16-autocast", False, "ddp", 2),
+    (BN_CNN, {}, IMAGES, 8, "sgd", "float32", True, "fsdp", 2),
+    (BN_CNN, {}, IMAGES, 8, "adamw", "bf16", False, "fsdp-keep", 3),
+    ("torchvision.models:resnet18", {}, IMAGES, 4, "sgd-momentum", "float32", False, "single", 1),
+    ("torchvision.models:resnet18", {}, IMAGES, 4, "adamw", "float32", True, "ddp", 2),
+    ("torchvision.models:resnet18", {}, IMAGES, 4, "adam", "bf16-autocast", False, "fsdp", 2),
+    ("torchvision.models:resnet18", {}, IMAGES, 4, "sgd", "bf16", True, "fsdp", 4),
+    ("ddp_scripts.models:Decoder", {}, TOKENS, 4, "adamw", "float32", False, "single", 1),
+    ("ddp_scripts.models:Decoder", {}, TOKENS, 4, "adam", "bf16-autocast", True, "single", 1),
+    ("ddp_scripts.models:Decoder", {}, TOKENS, 4, "sgd-momentum", "bf16", False, "ddp", 2),
+    ("ddp_scripts.models:Decoder", {}, TOKENS, 4, "adamw", "float32", False, "fsdp", 2),
+    ("ddp_scripts.models:Decoder", {}, TOKENS, 4, "adamw", "bf16-autocast", True, "fsdp", 4),
+    ("ddp_scripts.models:Decoder", {"layers": 3}, TOKENS, 2, "sgd", "float32", False, "fsdp-keep", 2),
+    ("ddp_scripts.sharding:WideMLP", {}, IMAGES, 8, "sgd-momentum", "float32", False, "single", 1),
+    ("ddp_scripts.sharding:WideMLP", {}, IMAGES, 8, "adam", "float32", True, "ddp", 4),
+    ("ddp_scripts.sharding:WideMLP", {}, IMAGES, 8, "sgd-momentum", "float32", False, "fsdp", 2),
+    ("ddp_scripts.sharding:WideMLP", {}, IMAGES, 8, "adamw", "bf16", True, "fsdp", 3),
+    ("ddp_scripts.sharding:WideMLP", {"width": 96, "depth": 3}, IMAGES, 4, "sgd", "bf16-autocast",
+     False, "fsdp-keep", 2),
+    ("ddp_scripts.models:Net", {}, IMAGES, 8, "adamw", "float32", False, "single", 1),
+    ("ddp_scripts.models:Net", {}, IMAGES, 8, "sgd-momentum", "bf16-autocast", True, "ddp", 2),
+    ("ddp_scripts.models:Net", {}, IMAGES, 8, "adam", "float32", False, "fsdp", 2),
+    # chapter 11's model as its runs train it: float64, SGD with momentum, 4 ranks
+    ("ddp_scripts.sharding:WideMLP", {"width": 256, "depth": 4}, IMAGES, 8, "sgd-momentum",
+     "float64", False, "fsdp", 4),
+    ("ddp_scripts.models:Decoder", {}, TOKENS, 2, "adam", "float64", True, "ddp", 2),
+]
+
+
+def answer(case, rules_used=None, track=True):
+    spec, kwargs, (shape, dtype), batch, optimizer, precision, checkpointing, strategy, ranks = case
+    model = build(spec, kwargs)
+    setup = {"model": spec, "kwargs": json.dumps(kwargs), "input_shape": shape, "input_dtype": dtype,
+             "batch": batch, "optimizer": optimizer, "precision": precision,
+             "checkpointing": checkpointing, "strategy": strategy, "ranks": ranks}
+    saved = dict(rules.RULES)
+    try:
+        rules.RULES.update(rules_used or {})
+        return fit(model, units_of(model), setup, track=track)
+    finally:
+        rules.RULES.clear()
+        rules.RULES.update(saved)
+
+
+def case_id(case):
+    spec, kwargs, _, _, optimizer, precision, checkpointing, strategy, ranks = case
+    name = spec.rsplit(":", 1)[1]
+    return f"{name}-{optimizer}-{precision}-{'ckpt-' if checkpointing else ''}{strategy}{ranks}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_the_rules_agree_with_torchs_tracker(case):
+    for row in answer(case)["ranks"]:
+        share = row["gap_bytes"] / row["tracker_peak_bytes"]
+        assert row["agrees"] and abs(share) <= TOLERANCE, (row["rank"], share, row["peak_point"],
+                                                           row["tracker_point"])
+
+
+def test_the_cases_span_every_choice():
+    """Every optimizer, precision, strategy and checkpointing, on four families."""
+    columns = list(zip(*CASES))
+    assert set(columns[4]) == {"sgd", "sgd-momentum", "adam", "adamw"}
+    assert set(columns[5]) == {"float32", "bf16-autocast", "bf16", "float64"}
+    assert set(columns[6]) == {True, False}
+    assert set(columns[7]) == {"single", "ddp", "fsdp", "fsdp-keep"}
+    assert len(CASES) >= 20
+
+
+# Each rule left out, and a case where it decides the peak: the check must then fail. DDP's
+# buckets are added to the tracker's peak as well as to the prediction, so a real gloo run
+# checks that rule instead (test_the_bucket_rule_holds_in_a_gloo_run).
+FLAWS = {
+    "optimizer state": CASES[14 + 1],   # WideMLP, Adam: the state is most of the peak
+    "gradients": CASES[15],
+    "step temporaries": CASES[15],
+    "gathered": ("ddp_scripts.sharding:WideMLP", {}, IMAGES, 8, "sgd", "float32", False, "fsdp", 2),
+    "activations": CASES[8],
+    "recompute": ("ddp_scripts.models:Decoder", {}, TOKENS, 8, "sgd", "float32", True, "single", 1),
+    "flowing": CASES[2],
+}
+
+
+@pytest.mark.parametrize("rule", sorted(FLAWS))
+def test_a_rule_left_out_fails_the_check(rule):
+    assert set(FLAWS) | {"buckets"} == set(rules.RULES)
+    honest = answer(FLAWS[rule])["ranks"]
+    assert all(row["agrees"] for row in honest)
+    planted = answer(FLAWS[rule], {rule: 0})["ranks"]
+    assert not all(row["agrees"] for row in planted), rule
+
+
+def test_the_fits_verdict_follows_the_peak():
+    """A card just above the peak fits; just below it does not."""
+    peak = answer(CASES[0], track=False)["ranks"][0]["predicted_peak_bytes"]
+    for size, fits in ((peak, True), (peak - 1, False)):
+        model = build(BN_CNN, {})
+        spec, kwargs, (shape, dtype), batch, optimizer, precision, ckpt, strategy, ranks = CASES[0]
+        setup = {"model": spec, "kwargs": "{}", "input_shape": shape, "input_dtype": dtype,
+                 "batch": batch, "optimizer": optimizer, "precision": precision,
+                 "checkpointing": ckpt, "strategy": strategy, "ranks": ranks}
+        row = fit(model, units_of(model), setup, track=False, gpu_memory=size)["ranks"][0]
+        assert row["fits"] is fits
+
+
+def test_memory_sizes_read_as_written():
+    assert memory_size("80GB") == 80 * 10**9
+    assert memory_size("24GiB") == 24 * 2**30
+    assert memory_size("h100") == 80 * 2**30
+
+
+def test_the_command_prints_json_for_each_rank():
+    result = run_in_process("fit/__main__.py", "--model", "ddp_scripts.models:Decoder",
+                            "--input-shape", "32", "--input-dtype", "long", "--batch-size", "2",
+                            "--optimizer", "adam", "--strategy", "fsdp", "--ranks", "3",
+                            "--gpu-memory", "1GB", "--json")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    ranks = json.loads(result.stdout)["ranks"]
+    assert [row["rank"] for row in ranks] == [0, 1, 2]
+    for row in ranks:
+        assert {"predicted_peak_bytes", "tracker_peak_bytes", "peak_point", "by_kind",
+                "fits"} <= set(row)
+        assert set(row["by_kind"]) == set(rules.KINDS)
+
+
+def test_the_command_speaks_plainly():
+    result = run_in_process("fit/__main__.py", "--model", BN_CNN, "--input-shape", "3,32,32",
+                            "--strategy", "ddp", "--gpu-memory", "T4")
+    assert result.returncode == 0, result.stderr
+    assert "predicted peak" in result.stdout and "torch's tracker" in result.stdout
+    assert "bucket" in result.stdout  # says how DDP's rank was tracked
+    assert "fits 16.00 GiB: yes" in result.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--model", "no_such_module:build"], "cannot import no_such_module"),
+    (["--model", "torchvision.models:no_such_model"], "has no callable"),
+    (["--model", "torchvision.models:resnet18", "--input-shape", "5,32,32"], "refuses a batch"),
+    (["--model", "torchvision.models:resnet18", "--gpu-memory", "eighty"], "--gpu-memory"),
+    (["--model", "torchvision.models:resnet18", "--strategy", "fsdp", "--ranks", "1"],
+     "needs --ranks 2"),
+    (["--model", "torchvision.models:resnet18", "--ranks", "4"], "runs one process"),
+    (["--model", "torchvision.models:resnet18", "--kwargs", "{num_classes: 3}"], "not JSON"),
+    (["--model", "torchvision.models:resnet18", "--kwargs", '{"nope": 3}'], "nope"),
+    (["--model", "torchvision.models:resnet18", "--units", "Nothing"], "no module of that class"),
+])
+def test_bad_input_is_one_line(args, fragment):
+    if "--input-shape" not in args:
+        args = [*args, "--input-shape", "3,32,32"]
+    assert_one_line_error(run_in_process("fit/__main__.py", *args), fragment)
+
+
+def bucket_rule(spec, kwargs, rules_used=None):
+    """The rules' communication buffers for rank 0 of 2 DDP ranks."""
+    case = (spec, kwargs, IMAGES, 2, "sgd", "float32", False, "ddp", 2)
+    return answer(case, rules_used, track=False)["ranks"][0]["by_kind"]["communication buffers"]
+
+
+@pytest.mark.parametrize("spec, kwargs", [("ddp_scripts.sharding:WideMLP", {}),
+                                          ("torchvision.models:resnet18", {})])
+def test_the_bucket_rule_holds_in_a_gloo_run(tmp_path, spec, kwargs):
+    """DDP's buckets, read in a real 2-rank run, hold the bytes the rule says; without the
+    rule the prediction misses them."""
+    run_command(torchrun_command(str(ROOT / "tests" / "scripts" / "buckets_probe.py"), 2,
+                                 [str(tmp_path), spec, json.dumps(kwargs), "3,32,32", "2"]),
+                timeout=300, echo=lambda line: None)
+    seen = json.loads((tmp_path / "buckets.json").read_text())
+    assert not seen["shared_with_gradients"]   # PyTorch's default: the buckets are a second copy
+    assert bucket_rule(spec, kwargs) == seen["bucket_bytes"]
+    assert bucket_rule(spec, kwargs, {"buckets": 0}) != seen["bucket_bytes"]
