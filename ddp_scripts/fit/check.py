@@ -72,7 +72,7 @@ def fit(model, units, setup, track=True, gpu_memory=None):
                               setup["batch"], setup["precision"])
     predicted = rules.predict(summary, setup)
     notes = []
-    if strategy == "ddp":
+    if strategy == "ddp" and track:
         notes.append("DDP's Reducer cannot run under FakeTensorMode: the tracker ran one "
                      "process on the rank's batch, and the rules' buckets were added to it")
     rows = []

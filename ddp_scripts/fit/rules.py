@@ -28,7 +28,7 @@ STEP_TEMPORARIES = {"sgd": 0, "sgd-momentum": 0, "adam": 1, "adamw": 1}
 STEP_COUNTERS = {"sgd": 0, "sgd-momentum": 0, "adam": 4, "adamw": 4}
 # Rules a test can switch off, to see the check against torch's tracker fail.
 RULES = {"optimizer state": 1, "gradients": 1, "buckets": 1, "gathered": 1, "activations": 1,
-         "recompute": 1, "step temporaries": 1, "flowing": 1}
+         "recompute": 1, "step temporaries": 1, "flowing": 1, "reduce-scatter": 1}
 
 
 def ceil_div(a, b):
@@ -153,8 +153,13 @@ def predict_rank(summary, setup, rank, rules):
             gathered = held["padded"][0]
             if s["unit"]:
                 gathered += held["padded"][i] * rules["gathered"]
+                comm = 0
                 if i > 1:
                     comm = held["padded"][i - 1] * rules["gathered"]  # the prefetched unit
+                if segments[i + 1]["unit"]:
+                    # the unit before it in backward: its whole gradients, the reduce-scatter's
+                    # input, held until the next reduce-scatter starts
+                    comm += held["padded"][i + 1] * rules["reduce-scatter"]
             if keep:
                 for j in range(1, i):
                     gathered += held["padded"][j]

@@ -77,8 +77,8 @@ def decoder_summary(layers, hidden, heads, vocab, seq, batch, precision):
     if precision == "bf16-autocast":
         c = 2
         cast = 2
-    stem = [tokens * LONG,   # the token ids, which embed keeps to route its gradient
-            seq * LONG]      # the positions, torch.arange(seq), which position keeps
+    stem = [seq * LONG]      # the positions, torch.arange(seq), which position keeps (the
+                             # token ids it keeps too are the batch, counted there)
     block = [tokens * h * w,          # norm1's input: the block's input x
              tokens * w,              # norm1's mean, one per token
              tokens * w,              # norm1's 1/std

@@ -87,7 +87,9 @@ def build(spec, kwargs, device="meta", dtype=torch.float32):
 def units_of(model, name=None):
     """The modules that FSDP shards as units of their own and checkpointing recomputes: those
     of class `name`, or by default the class that repeats (two or more, none inside another
-    of its kind) and covers the most parameters: a transformer's blocks, a ResNet's."""
+    of its kind) and covers the most parameters: a transformer's blocks, a ResNet's. Of two
+    that cover as many (a ResNet's stages and the blocks inside them), the finer: more units,
+    each gathered whole in its turn, so less held at once."""
     by_class = {}
     for module in model.modules():
         if module is not model:
@@ -105,7 +107,7 @@ def units_of(model, name=None):
         outer = [m for m in by_class[cls]
                  if not any(m is not o and any(m is d for d in o.modules()) for o in by_class[cls])]
         covered = sum(p.numel() for m in outer for p in m.parameters())
-        if covered > most or (covered == most and len(outer) < len(best)):
+        if covered > most or (covered == most and len(outer) > len(best)):
             best, most = outer, covered
     return best
 
@@ -187,6 +189,7 @@ def summarize(model, units, shape, input_dtype, batch, precision):
         if not fake_units:
             current[0] = len(segments) - 1
         inputs = sample_input(shape, master if input_dtype.is_floating_point else input_dtype, batch)
+        seen.add(inputs.untyped_storage()._cdata)  # counted once, as "batch"
         autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-autocast"
                     else contextlib.nullcontext())
         try:

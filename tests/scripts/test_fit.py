@@ -44,6 +44,9 @@ CASES = [
     ("ddp_scripts.sharding:WideMLP", {"width": 256, "depth": 4}, IMAGES, 8, "sgd-momentum",
      "float64", False, "fsdp", 4),
     ("ddp_scripts.models:Decoder", {}, TOKENS, 2, "adam", "float64", True, "ddp", 2),
+    # and its narrow case with a large batch: the batch is most of the peak
+    ("ddp_scripts.sharding:WideMLP", {"width": 128, "depth": 2}, IMAGES, 512, "sgd-momentum",
+     "float64", False, "fsdp", 2),
 ]
 
 
@@ -97,6 +100,8 @@ FLAWS = {
     "activations": CASES[8],
     "recompute": ("ddp_scripts.models:Decoder", {}, TOKENS, 8, "sgd", "float32", True, "single", 1),
     "flowing": CASES[2],
+    "reduce-scatter": ("ddp_scripts.sharding:WideMLP", {"width": 1024, "depth": 4}, IMAGES, 2, "sgd",
+                       "float32", False, "fsdp", 2),
 }
 
 
