@@ -2,6 +2,12 @@
 
     python ddp_scripts/recorders/step_parts.py --out runs/parts-1.json
     torchrun --standalone --nproc-per-node 2 ddp_scripts/recorders/step_parts.py --out runs/parts-2.json
+    python ddp_scripts/recorders/step_parts.py --model torchvision.models:resnet18 \
+        --input-shape 3,224,224 --out runs/parts-resnet.json
+
+--model times your own model instead of the book's CNN: package.module:callable or
+file.py:callable, called with --kwargs (a JSON object), fed zeros of --input-shape (one sample's
+shape) in --input-dtype (long for token models); its loss is fit/trace.py's loss_of.
 
 Each step is timed phase by phase, after a synchronize (a no-op on the CPU) so that a phase's
 clock includes its GPU work: waiting for the data, copying it to the device, forward, backward,
@@ -17,7 +23,8 @@ same bucket: waiting for the others. On the CPU (gloo) the hooks read the wall c
 (torch.futures.Future.then's docstring), so the hooks record CUDA events instead: an event
 recorded on the current stream marks when the GPU reaches that point of its queue, and the
 future's callback runs on a stream that waits for the all-reduce. After the step's
-synchronize, each event is put on the wall clock from one recorded as backward starts.
+synchronize, each event is put on the wall clock from one recorded as backward starts; each
+bucket's pair of events also gives its all-reduce's own time, summed per step ("all-reduce time").
 The steps of a case are cut into SPREAD_GROUPS runs of consecutive steps, as the benchmark
 cuts a run into epochs; a case whose slowest group's mean step is more than the benchmark's
 RELIABLE_SPREAD times its fastest's is marked unreliable.
@@ -28,6 +35,7 @@ a step together from the clocks' parts alone (compute, waiting for the other ran
 of the all-reduce not hidden), without the remainder, which no phase's clock times.
 Rank 0 writes one JSON file: every case's parts, per step and as means, and each rank's means.
 """
+import argparse
 import itertools
 import json
 import os
@@ -43,8 +51,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_scripts.cli import UsageError, run_cli
+from ddp_scripts.cli import UsageError, first_line, run_cli
 from ddp_scripts.devices import pick_device, set_cpu_threads, synchronize
+from ddp_scripts.fit.trace import factory, loss_of, parse_kwargs
 from ddp_scripts.measure.hardware import usable_cores
 from ddp_scripts.measure.benchmark import RELIABLE_SPREAD
 from ddp_scripts.models import build_model
@@ -69,11 +78,24 @@ REMAINDER = "other (loop, timers)"
 # The parts that compute, with no other rank in them: what step_from_parts calls compute.
 COMPUTE = ["data wait", "copy to device", "forward", "backward compute", "optimizer"]
 SPREAD_GROUPS = 4
+INPUT_DTYPES = {"float32": torch.float32, "long": torch.long}
 
 
 def threads_option(text):
     """--threads: a count, or "all" (every usable core)."""
     return text if text == "all" else count(text)
+
+
+def shape_option(text):
+    """--input-shape: one sample's sizes, separated by commas ("3,224,224", or "32" tokens)."""
+    try:
+        shape = tuple(int(size) for size in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"must be sizes of at least 1 separated by commas, "
+                                         f"e.g. 3,224,224; got {text[:40]!r}")
+    return shape
 
 
 def parse_args(argv=None):
@@ -86,8 +108,22 @@ def parse_args(argv=None):
                         "between the processes, as the benchmark does)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--timeout-s", type=seconds, default=300)
+    p.add_argument("--model", help="your model instead of the book's CNN: package.module:callable "
+                                   "or file.py:callable, e.g. torchvision.models:resnet18")
+    p.add_argument("--kwargs", type=parse_kwargs, help="--model's keyword arguments, JSON")
+    p.add_argument("--input-shape", type=shape_option, help="--model's sample, e.g. 3,224,224")
+    p.add_argument("--input-dtype", choices=list(INPUT_DTYPES),
+                   help="--model's input: float32 (the default) or long (tokens)")
     p.add_argument("--out", required=True, help="the JSON file rank 0 writes")
     args = p.parse_args(argv)
+    if args.model is None:  # else the CNN would run, silently, in place of the model meant
+        for option in ("kwargs", "input_shape", "input_dtype"):
+            if getattr(args, option) is not None:
+                raise UsageError(f"--{option.replace('_', '-')} goes with --model")
+    elif args.input_shape is None:
+        raise UsageError("--model needs --input-shape, one sample's shape, e.g. 3,224,224")
+    args.kwargs = args.kwargs or {}
+    args.input_dtype = args.input_dtype or "float32"
     args.cases = [name.strip() for name in args.cases.split(",")]
     unknown = [name for name in args.cases if name not in CASES]
     if unknown:
@@ -102,6 +138,35 @@ def batches(batch, seed, ahead=4):
     made = [(torch.randn(batch, 3, 32, 32, generator=generator),
              torch.randint(0, 10, (batch,), generator=generator)) for _ in range(ahead)]
     return itertools.cycle(made)
+
+
+def readers_model(args, device):
+    """--model, built as every process builds it (the same seed), on `device`, once fed a
+    sample: a model that refuses --input-shape says so in one line before any step."""
+    made = factory(args.model)
+    torch.manual_seed(0)
+    try:
+        model = made(**args.kwargs)
+    except Exception as error:  # the reader's code: any error of its, in one line
+        raise UsageError(f"--model {args.model}: {first_line(error)}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"--model {args.model} made a {type(model).__name__}, not an nn.Module")
+    model.to(device).eval()  # eval: BatchNorm takes a batch of one sample
+    sample = torch.zeros(1, *args.input_shape, dtype=INPUT_DTYPES[args.input_dtype])
+    try:
+        with torch.no_grad():
+            loss_on(model(sample.to(device)))
+    except Exception as error:
+        raise UsageError(f"--model {args.model} refuses a sample of shape {args.input_shape} "
+                         f"({args.input_dtype}): {first_line(error)}") from None
+    return model.train()
+
+
+def loss_on(output):
+    """trace.py's loss_of (cross entropy against class 0, or the sum) with its labels on the
+    output's device: loss_of makes them with torch.zeros, on the default device."""
+    with torch.device(output.device):
+        return loss_of(output)
 
 
 def clocks():
@@ -147,17 +212,21 @@ def timed_steps(model, optimizer, data, device, count, events=None, gpu_clock=No
         starts.append(marks[0][0])
         images, labels = next(data)
         marks.append(clocks())
-        images, labels = images.to(device), labels.to(device)
+        images = images.to(device)
+        labels = None if labels is None else labels.to(device)  # None: --model's, loss_on's
         synchronize(device)
         marks.append(clocks())
-        loss = F.cross_entropy(model(images), labels)
+        output = model(images)
+        loss = loss_on(output) if labels is None else F.cross_entropy(output, labels)
         synchronize(device)
         marks.append(clocks())
         origin = gpu_clock() if gpu_clock else None  # the GPU is idle here: its queue is empty
         loss.backward()  # under DDP: returns once every bucket's all-reduce is done or queued
         synchronize(device)
         marks.append(clocks())
-        if origin is not None and events is not None:
+        gpu_time = None
+        if origin is not None and events is not None:  # only with gpu_clock: CUDA on a GPU
+            gpu_time = all_reduce_time(events)  # read before on_the_wall replaces the events
             on_the_wall(events, origin, marks[3][0])
         optimizer.step()
         optimizer.zero_grad()
@@ -170,11 +239,23 @@ def timed_steps(model, optimizer, data, device, count, events=None, gpu_clock=No
             row["last gradient"] = max(e["at"] for e in events if e["kind"] == "gradient")
             row["all-reduces"] = [[e["start"], e["end"]] for e in events
                                   if e["kind"] == "all-reduce"]
+        if gpu_time is not None:
+            row["all-reduce time"] = gpu_time
         rows.append(row)
     starts.append(time.monotonic())
     for row, a, b in zip(rows, starts, starts[1:]):
         row["step"] = b - a  # start to next start: the loop and the timers included
     return rows
+
+
+def all_reduce_time(events):
+    """A step's all-reduces timed by their own clock readings (CUDA events on a GPU), summed, in
+    seconds: each bucket's from the reading its comm hook took as it called allreduce_hook to
+    the one taken in the callback of its future, on a stream that waits for the all-reduce. A
+    bucket launched while the one before still runs counts its wait in line: the sum can exceed
+    the union that communication() takes."""
+    return sum(e["start"].elapsed_time(e["end"])
+               for e in events if e["kind"] == "all-reduce") / 1e3
 
 
 def union(intervals):
@@ -317,8 +398,12 @@ def run_case(name, settings, device, world_size, rank, args):
         raise UsageError(f"case {name!r}: global batch {batch} does not split over {world_size}")
     timed = min(args.steps, settings.get("steps", args.steps))
     warmup = min(args.warmup, settings.get("warmup", args.warmup))
-    data = batches(batch // world_size, seed=rank)
-    model = build_model("cnn").to(device)
+    if args.model is None:
+        data, model = batches(batch // world_size, seed=rank), build_model("cnn").to(device)
+    else:  # zeros, made once: a valid token for every vocabulary; the labels are loss_on's
+        shape, dtype = args.input_shape, INPUT_DTYPES[args.input_dtype]
+        data = itertools.repeat((torch.zeros(batch // world_size, *shape, dtype=dtype), None))
+        model = readers_model(args, device)
     events, gpu_clock = None, None
     if world_size > 1:
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -338,6 +423,9 @@ def run_case(name, settings, device, world_size, rank, args):
               "all-reduce clock": None if world_size == 1 else
               "CUDA events" if gpu_clock else "wall"}
     result["reliable"] = result["spread"] <= RELIABLE_SPREAD
+    result["parameters"] = sum(p.numel() for p in model.parameters())
+    if gpu_clock:  # the all-reduce on its own, from the CUDA events alone (all_reduce_time)
+        result["all-reduce time per step"] = sum(r["all-reduce time"] for r in steps) / len(steps)
     if every_rank:  # per rank, per step, per bucket: [launch, end] on the machine's clock
         result["all-reduces of every rank"] = [[row["all-reduces"] for row in rank_steps]
                                                for rank_steps in every_rank]
@@ -363,7 +451,10 @@ def main(argv=None):
         Path(args.out).write_text(json.dumps(
             {"processes": world_size, "device": str(device), "usable_cores": usable_cores(),
              "load_average": list(os.getloadavg()), "torch": torch.__version__,
-             "steps": args.steps, "warmup": args.warmup, "cases": cases}, indent=1))
+             "steps": args.steps, "warmup": args.warmup,
+             "model": {"spec": args.model, "kwargs": args.kwargs, "input shape": args.input_shape,
+                       "input dtype": args.input_dtype} if args.model else "the book's CNN",
+             "cases": cases}, indent=1))
     if world_size > 1:
         leave_process_group()  # after every DDP model is freed
 

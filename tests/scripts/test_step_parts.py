@@ -3,7 +3,10 @@ what the timed phases leave of it, the all-reduce is timed inside backward and s
 hidden and exposed shares (the wall clock on gloo, CUDA events under NCCL, put on the wall
 clock after the step), no all-reduce ends before every rank has launched it, a case's spread
 is the benchmark's, a step is put together from its measured parts, the part that grew is the
-one the numbers say, and bad options are one line and exit status 2."""
+one the numbers say, and bad options are one line and exit status 2. --model times the
+reader's model (an image model, a token model) as it times the book's CNN, a model that cannot
+be had or refuses its sample is one line, and on GPUs each all-reduce's CUDA events give its
+own time."""
 import json
 import time
 
@@ -14,16 +17,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_scripts.launcher import run_command, torchrun_command
 from ddp_scripts.measure.benchmark import RELIABLE_SPREAD
-from ddp_scripts.models import build_model
+from ddp_scripts.models import Decoder, build_model
 from ddp_scripts.practice.hooks import attach_timers
-from ddp_scripts.recorders.step_parts import (COMPUTE, PARTS, PHASES, REMAINDER, batches,
-                                             breakdown, communication, cuda_event, hook_clock,
-                                             note_waiting, on_the_wall, part_that_grew,
-                                             predicted_ratio, spread, step_from_parts,
-                                             timed_steps)
+from ddp_scripts.recorders.step_parts import (COMPUTE, PARTS, PHASES, REMAINDER,
+                                             all_reduce_time, batches, breakdown, communication,
+                                             cuda_event, hook_clock, note_waiting, on_the_wall,
+                                             part_that_grew, predicted_ratio, spread,
+                                             step_from_parts, timed_steps)
 from helpers import assert_one_line_error, run_in_process
 
 QUICK = ["--steps", "4", "--warmup", "1", "--cases", "batch 8,all cores each"]
+RESNET = ["--model", "torchvision.models:resnet18", "--input-shape", "3,32,32"]
+DECODER = ["--model", "ddp_scripts.models:Decoder", "--input-dtype", "long", "--input-shape", "32"]
 
 
 def check_adds_up(case):
@@ -131,6 +136,25 @@ def test_two_processes_on_two_gpus(tmp_path):
                 assert row["backward start"] <= start <= end <= row["backward end"] + 1e-4
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs: nccl, one rank each")
+def test_a_readers_model_on_two_gpus_times_each_all_reduce_with_its_cuda_events(tmp_path):
+    out = tmp_path / "two.json"
+    options = [*RESNET, "--steps", "4", "--warmup", "1", "--cases", "batch 8", "--device", "cuda"]
+    run_command(torchrun_command("recorders/step_parts.py", 2, [*options, "--out", str(out)]),
+                timeout=300, progress=False, echo=lambda line: None)
+    case = json.loads(out.read_text())["cases"]["batch 8"]
+    check_adds_up(case)  # loss_on made its labels on the GPU
+    assert case["all-reduce clock"] == "CUDA events"
+    # Each step's sum of its buckets' event pairs, read before they went on the wall clock,
+    # is the sum of the same intervals on it (to the events' half-microsecond resolution).
+    for row in case["steps"]:
+        on_wall = sum(end - start for start, end in row["all-reduces"])
+        assert row["all-reduce time"] == pytest.approx(on_wall, abs=1e-5) and on_wall > 0
+    mean = sum(row["all-reduce time"] for row in case["steps"]) / len(case["steps"])
+    assert case["all-reduce time per step"] == pytest.approx(mean)
+
+
 class ReadingOfAGpu:
     """A stand-in for a CUDA event on a CPU: it reads the wall clock when it is made, plus a
     fixed lag (the GPU reaches a point of its queue after Python queued it)."""
@@ -181,12 +205,27 @@ def test_right_case_the_gpu_path_on_a_cpu_times_the_all_reduce_apart_from_backwa
             (start, end), = row["all-reduces"]
             assert row["backward start"] <= row["last gradient"] <= start <= end \
                 <= row["backward end"]
+            # The readings' own time (elapsed_time), the same as on the wall clock.
+            assert row["all-reduce time"] == pytest.approx(end - start) and end > start
         note_waiting(steps, [steps])
         parts = breakdown(steps)["parts"]
         exposed = sum(communication(row)["exposed"] for row in steps) / len(steps)
         assert exposed > 0 and parts["communication not hidden"] == pytest.approx(exposed)
     finally:
         dist.destroy_process_group()
+
+
+def test_the_all_reduce_time_sums_each_buckets_readings():
+    def reading(at):
+        made = ReadingOfAGpu()
+        made.at = at
+        return made
+    events = [{"kind": "gradient", "at": reading(0.5)},
+              {"kind": "all-reduce", "start": reading(1.0), "end": reading(3.0)},
+              {"kind": "all-reduce", "start": reading(2.0), "end": reading(4.0)}]
+    # 2 s and 2 s: the second bucket's wait behind the first counts, unlike in the union (3 s).
+    assert all_reduce_time(events) == pytest.approx(4.0)
+    assert all_reduce_time(events[:1]) == 0
 
 
 def test_hidden_and_exposed_split_at_the_last_gradient():
@@ -263,5 +302,59 @@ def test_bad_options_are_one_line_and_exit_2(tmp_path, args, fragment):
     if args:
         args = [*args, "--out", tmp_path / "x.json"]
     result = run_in_process("recorders/step_parts.py", *args)
+    assert_one_line_error(result, fragment)
+    assert not (tmp_path / "x.json").exists()
+
+
+def model_parameters(options):
+    if "ddp_scripts.models:Decoder" in options:
+        return sum(p.numel() for p in Decoder().parameters())
+    import torchvision
+    return sum(p.numel() for p in torchvision.models.resnet18().parameters())
+
+
+@pytest.mark.parametrize("options, processes", [(RESNET, 1), (RESNET, 2), (DECODER, 1),
+                                                (DECODER, 2)],
+                         ids=["resnet18-1", "resnet18-2", "decoder-1", "decoder-2"])
+def test_a_readers_model_is_timed_as_the_cnn_is(tmp_path, options, processes):
+    out = tmp_path / "model.json"
+    args = [*options, "--steps", "4", "--warmup", "1", "--cases", "batch 8", "--out", str(out)]
+    if processes == 1:
+        result = run_in_process("recorders/step_parts.py", *args, "--threads", "1")
+        assert result.returncode == 0, result.stderr
+    else:
+        run_command(torchrun_command("recorders/step_parts.py", 2, args), timeout=300,
+                    progress=False, echo=lambda line: None)
+    run = json.loads(out.read_text())
+    assert run["processes"] == processes and run["model"]["spec"] == options[1]
+    case = run["cases"]["batch 8"]
+    check_adds_up(case)
+    assert case["parameters"] == model_parameters(options)  # that model, not the CNN
+    assert "all-reduce time per step" not in case  # a GPU's figure: the CPU keeps the wall's
+    if processes == 2:
+        assert case["all-reduce clock"] == "wall"
+        assert not early_ends(case["all-reduces of every rank"])
+        for row in case["steps"]:
+            assert row["all-reduces"] and "all-reduce time" not in row
+            comm = communication(row)
+            assert comm["hidden"] + comm["exposed"] == pytest.approx(comm["total"])
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--model", "no_such_module:Net", "--input-shape", "3"], "cannot import no_such_module"),
+    (["--model", "ddp_scripts.models:NoSuch", "--input-shape", "3"], "no callable 'NoSuch'"),
+    (["--model", "no/such/file.py:Net", "--input-shape", "3"], "no file no/such/file.py"),
+    ([*RESNET[:2], "--input-shape", "5,32,32"], "refuses a sample of shape (5, 32, 32)"),
+    ([*DECODER[:2], "--input-shape", "32"], "refuses a sample of shape (32,) (float32)"),
+    ([*RESNET, "--kwargs", '{"no_such_argument": 1}'], "no_such_argument"),
+    ([*RESNET, "--kwargs", "[1]"], "--kwargs must be a JSON object"),
+    (RESNET[:2], "--model needs --input-shape"),
+    ([*RESNET[:2], "--input-shape", "3,x"], "--input-shape must be sizes"),
+    (["--input-shape", "3,32,32"], "--input-shape goes with --model"),
+    (["--input-dtype", "long"], "--input-dtype goes with --model"),
+])
+def test_a_bad_model_is_one_line_and_exit_2(tmp_path, args, fragment):
+    result = run_in_process("recorders/step_parts.py", *args, "--steps", "1", "--warmup", "0",
+                            "--cases", "batch 8", "--out", tmp_path / "x.json")
     assert_one_line_error(result, fragment)
     assert not (tmp_path / "x.json").exists()
