@@ -76,6 +76,14 @@ class ChineseSearch(zh.SearchChinese):
         self.latin_terms = LatinTerms()
 
 
+def calculator_scripts(app, pagename, templatename, context, doctree):
+    """Chapter 11's memory calculator, on the page that holds its <div>: the rules in JavaScript,
+    which the build makes (book/tools/build.py, ddp_scripts/fit/page.py), then the form."""
+    if 'id="fit-calculator"' in context.get("body", ""):
+        app.add_js_file("fit-rules.js")
+        app.add_js_file("fit-calculator.js")
+
+
 def theme_words_in_chinese(app):
     """The edition's theme words (its _config.yml's `theme_words`), put into the catalogues the
     themes and the templates' _() ask, in place: the templates hold the "sphinx" catalogue
@@ -98,4 +106,5 @@ def setup(app):
     app.connect("html-page-context", link_other_edition, priority=400)
     # After sphinx-book-theme's own handlers (priority 501), which make the launch buttons.
     app.connect("html-page-context", launch_chinese_notebooks, priority=600)
+    app.connect("html-page-context", calculator_scripts)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

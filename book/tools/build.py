@@ -366,9 +366,14 @@ def main(argv=None):
         raise ToolError("nothing executed yet: build it first")
     BUILD.mkdir(exist_ok=True)
     archive = source_archive(BUILD / SOURCE_ARCHIVE)
+    # Chapter 11's calculator: ddp_scripts/fit's rules in JavaScript, made here, never committed.
+    calculator = BUILD / "fit-rules.js"
+    if subprocess.run([sys.executable, "-m", "ddp_scripts.fit.page", str(calculator)], cwd=ROOT).returncode:
+        raise ToolError("python -m ddp_scripts.fit.page failed (above): the calculator's script")
     for edition in editions:   # the translation's notebooks are made again from the execution
         stage(edition, notebooks=not args.render_only or edition is translation)
         shutil.copy2(archive, edition.src / "book" / SOURCE_ARCHIVE)   # how-to-run links it
+        shutil.copy2(calculator, edition.src / "_assets" / calculator.name)   # into _static/
     if not args.render_only and not execute(EXECUTED):
         print("error: a notebook failed to execute (see above); the book was not built", file=sys.stderr)
         return 1

@@ -47,7 +47,8 @@ TERMS = [(re.compile(term["variant"]), term.get("allowed") if term.get("allowed"
 # lines, the set-up cell's message, the theme's words, the table of contents.
 READER_TEXTS = ["book/zh/words.yml", "book/zh/_toc.yml", "book/zh/_config.yml",
                 "notebooks/selfcheck_zh.json", "notebooks/selfcheck.py", "book/tools/setup_cell.py",
-                "book/extensions/editions.py", "book/theme/figures.js"]
+                "book/extensions/editions.py", "book/theme/figures.js",
+                "book/theme/fit-calculator.js"]
 CHINESE = re.compile(r"[\u4e00-\u9fff]")
 # What a reader does not see of a line of them: a YAML key, a comment.
 KEY_OR_COMMENT = re.compile(r"^\s*[\w.-]+:\s|\s#\s.*$")
