@@ -1,15 +1,13 @@
-"""Run under torchrun by test_fit.py: the bytes DDP's Reducer holds in its buckets, read in a
-real gloo run on 2 CPU processes. The buckets are the flat tensors a communication hook is
-handed (GradBucket.buffer()); the probe notes each one's storage in the second step (the first
-may rebuild them), then rank 0 writes OUT/buckets.json.
+"""Run under torchrun by test_fit.py, with the repository on PYTHONPATH: the bytes DDP's
+Reducer holds in its buckets, read in a real gloo run on 2 CPU processes. The buckets are the
+flat tensors a communication hook is handed (GradBucket.buffer()); the probe notes each one's
+storage in the second step (the first may rebuild them), then rank 0 writes OUT/buckets.json.
 
     torchrun --nproc-per-node 2 tests/scripts/buckets_probe.py OUT MODEL KWARGS C,H,W BATCH
 """
 import json
 import sys
 from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root
 
 import torch
 import torch.distributed as dist

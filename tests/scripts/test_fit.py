@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ddp_scripts.fit import rules
+from ddp_scripts.fit.__main__ import report
 from ddp_scripts.fit.check import TOLERANCE, fit, memory_size
 from ddp_scripts.fit.trace import build, units_of
 from ddp_scripts.launcher import run_command, torchrun_command
@@ -72,7 +73,7 @@ def case_id(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_the_rules_agree_with_torchs_tracker(case):
+def test_right_case_the_rules_agree_with_torchs_tracker(case):
     for row in answer(case)["ranks"]:
         share = row["gap_bytes"] / row["tracker_peak_bytes"]
         assert row["agrees"] and abs(share) <= TOLERANCE, (row["rank"], share, row["peak_point"],
@@ -106,7 +107,7 @@ FLAWS = {
 
 
 @pytest.mark.parametrize("rule", sorted(FLAWS))
-def test_a_rule_left_out_fails_the_check(rule):
+def test_planted_a_rule_left_out_fails_the_check(rule):
     assert set(FLAWS) | {"buckets"} == set(rules.RULES)
     honest = answer(FLAWS[rule])["ranks"]
     assert all(row["agrees"] for row in honest)
@@ -114,17 +115,31 @@ def test_a_rule_left_out_fails_the_check(rule):
     assert not all(row["agrees"] for row in planted), rule
 
 
-def test_the_fits_verdict_follows_the_peak():
-    """A card just above the peak fits; just below it does not."""
+def test_planted_a_rule_left_out_is_named_by_its_kind():
+    """Where the check fails, the report says which kind of bytes differs most."""
+    planted = answer(FLAWS["activations"], {"activations": 0})
+    assert {row["differs"] for row in planted["ranks"]} == {"activations"}
+    assert "differs most in activations: the rules have" in report(planted)
+
+
+def fits_a_card_of(size_from_peak):
+    """The fits verdict of CASES[0] for a card of its peak plus size_from_peak bytes."""
     peak = answer(CASES[0], track=False)["ranks"][0]["predicted_peak_bytes"]
-    for size, fits in ((peak, True), (peak - 1, False)):
-        model = build(BN_CNN, {})
-        spec, kwargs, (shape, dtype), batch, optimizer, precision, ckpt, strategy, ranks = CASES[0]
-        setup = {"model": spec, "kwargs": "{}", "input_shape": shape, "input_dtype": dtype,
-                 "batch": batch, "optimizer": optimizer, "precision": precision,
-                 "checkpointing": ckpt, "strategy": strategy, "ranks": ranks}
-        row = fit(model, units_of(model), setup, track=False, gpu_memory=size)["ranks"][0]
-        assert row["fits"] is fits
+    spec, kwargs, (shape, dtype), batch, optimizer, precision, ckpt, strategy, ranks = CASES[0]
+    setup = {"model": spec, "kwargs": "{}", "input_shape": shape, "input_dtype": dtype,
+             "batch": batch, "optimizer": optimizer, "precision": precision,
+             "checkpointing": ckpt, "strategy": strategy, "ranks": ranks}
+    model = build(BN_CNN, {})
+    return fit(model, units_of(model), setup, track=False,
+               gpu_memory=peak + size_from_peak)["ranks"][0]["fits"]
+
+
+def test_planted_a_card_one_byte_short_does_not_fit():
+    assert fits_a_card_of(-1) is False
+
+
+def test_right_case_a_card_as_large_as_the_peak_fits():
+    assert fits_a_card_of(0) is True
 
 
 def test_memory_sizes_read_as_written():
@@ -181,15 +196,43 @@ def bucket_rule(spec, kwargs, rules_used=None):
     return answer(case, rules_used, track=False)["ranks"][0]["by_kind"]["communication buffers"]
 
 
-@pytest.mark.parametrize("spec, kwargs", [("ddp_scripts.sharding:WideMLP", {}),
-                                          ("torchvision.models:resnet18", {})])
-def test_the_bucket_rule_holds_in_a_gloo_run(tmp_path, spec, kwargs):
-    """DDP's buckets, read in a real 2-rank run, hold the bytes the rule says; without the
-    rule the prediction misses them."""
+@pytest.fixture(scope="module", params=[("ddp_scripts.sharding:WideMLP", {}),
+                                        ("torchvision.models:resnet18", {})], ids=["WideMLP", "resnet18"])
+def gloo_buckets(request, tmp_path_factory):
+    """(spec, kwargs, what a real 2-rank gloo run's buckets held)."""
+    spec, kwargs = request.param
+    out = tmp_path_factory.mktemp("buckets")
     run_command(torchrun_command(str(ROOT / "tests" / "scripts" / "buckets_probe.py"), 2,
-                                 [str(tmp_path), spec, json.dumps(kwargs), "3,32,32", "2"]),
-                timeout=300, echo=lambda line: None)
-    seen = json.loads((tmp_path / "buckets.json").read_text())
+                                 [str(out), spec, json.dumps(kwargs), "3,32,32", "2"]),
+                timeout=300, echo=lambda line: None, env={"PYTHONPATH": str(ROOT)})
+    return spec, kwargs, json.loads((out / "buckets.json").read_text())
+
+
+@pytest.mark.xdist_group("fit_gloo_buckets")  # one worker starts the runs, once
+def test_right_case_the_bucket_rule_holds_in_a_gloo_run(gloo_buckets):
+    """DDP's buckets, read in a real 2-rank run, hold the bytes the rule says."""
+    spec, kwargs, seen = gloo_buckets
     assert not seen["shared_with_gradients"]   # PyTorch's default: the buckets are a second copy
     assert bucket_rule(spec, kwargs) == seen["bucket_bytes"]
+
+
+@pytest.mark.xdist_group("fit_gloo_buckets")
+def test_planted_the_bucket_rule_left_out_misses_the_gloo_runs_buckets(gloo_buckets):
+    spec, kwargs, seen = gloo_buckets
     assert bucket_rule(spec, kwargs, {"buckets": 0}) != seen["bucket_bytes"]
+
+
+def test_the_exercise_will_it_fit_as_its_solution_says():
+    """Chapter 11's solution: a 7-billion-parameter decoder with Adam on 8 cards of 80 GB
+    does not fit under DDP; under FSDP it fits, with the activations its largest part."""
+    kwargs = {"layers": 32, "hidden": 4096, "heads": 32, "vocab": 32000, "seq": 2048}
+    model = build("ddp_scripts.models:Decoder", kwargs)
+    rows = {}
+    for strategy in ("ddp", "fsdp"):
+        setup = {"input_shape": (2048,), "input_dtype": torch.long, "batch": 1, "optimizer": "adam",
+                 "precision": "float32", "checkpointing": False, "strategy": strategy, "ranks": 8}
+        rows[strategy] = fit(model, units_of(model), setup, track=False,
+                             gpu_memory=memory_size("80GB"))["ranks"]
+    assert not any(row["fits"] for row in rows["ddp"])
+    assert all(row["fits"] for row in rows["fsdp"])
+    assert all(max(row["by_kind"], key=row["by_kind"].get) == "activations" for row in rows["fsdp"])

@@ -72,7 +72,7 @@ def test_the_top_level_holds_the_training_scripts_and_their_plumbing_only():
     assert len(top) <= TOP_LEVEL_AT_MOST, f"{len(top)} modules at the top of ddp_scripts/: {top}"
     assert {"train_single", "train_dp", "train_ddp", "train_fast", "train_fsdp"} <= set(top)
     folders = {path.parent.name for path in SCRIPTS.glob("*/__init__.py")}
-    assert folders == {"recorders", "measure", "practice", "mistakes"}
+    assert folders == {"recorders", "measure", "practice", "mistakes", "fit"}
 
 
 # --- Every test that needs a GPU is in the gpu lane ------------------------------------------
