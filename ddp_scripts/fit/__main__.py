@@ -10,6 +10,7 @@ own tracker over the same step (FakeTensorMode: nothing allocated) and the gap b
 and whether the peak fits --gpu-memory. --json prints the same as one JSON object.
 """
 import json
+import sys
 
 import torch
 
@@ -25,7 +26,7 @@ INPUT_DTYPES = {"float32": torch.float32, "long": torch.long, "int": torch.int32
 
 def shape(text):
     try:
-        dims = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
+        dims = tuple(int(d) for d in text.replace("x", ",").split(","))   # "3,,32" refused
     except ValueError:
         dims = ()
     if not dims or min(dims) < 1:
@@ -112,7 +113,11 @@ def main():
              "optimizer": args.optimizer, "precision": args.precision,
              "checkpointing": args.checkpointing, "strategy": args.strategy, "ranks": ranks}
     torch.set_num_threads(1)
-    answer = fit(model, units, setup, track=not args.no_tracker, gpu_memory=gpu_memory)
+    try:
+        answer = fit(model, units, setup, track=not args.no_tracker, gpu_memory=gpu_memory)
+    except KeyboardInterrupt:   # it writes nothing: nothing is left half done
+        print("error: interrupted (Ctrl-C); nothing was written", file=sys.stderr)
+        sys.exit(130)
     print(json.dumps(answer) if args.json else report(answer))
 
 

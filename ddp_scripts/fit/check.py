@@ -4,7 +4,7 @@
 """
 import re
 
-from ddp_scripts.cli import UsageError
+from ddp_scripts.cli import UsageError, first_line
 from ddp_scripts.fit import rules, trace
 from ddp_scripts.fit import track as tracking
 
@@ -27,16 +27,17 @@ TRACKER_KINDS = {
 # less (the CUDA context, the allocator's slack).
 GPUS = {"T4": 16, "V100": 32, "A100-40GB": 40, "A100": 80, "L4": 24, "RTX4090": 24,
         "TITANXp": 12, "H100": 80, "H200": 141}
-UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 def memory_size(text):
-    """Bytes of "80GB", "79.6GiB", "16e9" or a card's name (GPUS)."""
+    """Bytes of "80GB", "79.6GiB", "16e9B" or a card's name (GPUS): a size needs its unit
+    (a bare 80 would be 80 bytes)."""
     names = {name.lower(): size for name, size in GPUS.items()}
     if text.lower() in names:
         return names[text.lower()] * 2**30
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]+)\s*", text)
     if not match or match.group(2).upper() not in UNITS or float(match.group(1)) <= 0:
         raise UsageError(f"--gpu-memory {text!r}: give a size such as 80GB or 24GiB, or a card: "
                          + ", ".join(GPUS))
@@ -68,6 +69,10 @@ def fit(model, units, setup, track=True, gpu_memory=None):
                          "choose ddp or fsdp")
     if strategy != "single" and ranks < 2:
         raise UsageError(f"--strategy {strategy} needs --ranks 2 or more (it was {ranks})")
+    scalars = [name for name, p in model.named_parameters() if p.dim() == 0]
+    if strategy.startswith("fsdp") and scalars:
+        raise UsageError(f"FSDP's fully_shard does not shard a parameter with no dimensions "
+                         f"({scalars[0]}): make it of shape (1,)")
     summary = trace.summarize(model, units, setup["input_shape"], setup["input_dtype"],
                               setup["batch"], setup["precision"])
     predicted = rules.predict(summary, setup)
@@ -80,9 +85,15 @@ def fit(model, units, setup, track=True, gpu_memory=None):
     for group in alike(predicted):
         first = group[0]
         if track:
-            tracked[first] = tracking.tracked_peak(
-                model, units, dict(setup, strategy="single" if strategy == "ddp" else strategy),
-                rank=first)
+            try:
+                tracked[first] = tracking.tracked_peak(
+                    model, units, dict(setup, strategy="single" if strategy == "ddp" else strategy),
+                    rank=first)
+            except (UsageError, KeyboardInterrupt):
+                raise
+            except Exception as error:   # fully_shard refusing a scalar parameter, say
+                raise UsageError(f"torch's tracker cannot run this set-up: {first_line(error)} "
+                                 "(--no-tracker gives the rules' answer alone)") from None
         for rank in group:
             tracked[rank] = tracked.get(first)
     for row in predicted:

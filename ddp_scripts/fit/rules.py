@@ -142,7 +142,13 @@ def predict_rank(summary, setup, rank, rules):
         s = segments[i]
         if checkpointing and s["unit"]:
             kept += s["saved"] * rules["recompute"] * rules["activations"] - s["input"] * rules["activations"]
-        flowing = (s["output"] + s["input"] + s["largest"]) * rules["flowing"]
+        # the gradient flowing in and the one flowing out, and the largest gradient inside; in
+        # the head, where more, the loss's two: cross entropy's gradients of the log-softmax
+        # and of the logits, each as large as the log-softmax it saved
+        flowing = s["output"] + s["input"] + s["largest"]
+        if i == count - 1 and 2 * s["largest"] > flowing:
+            flowing = 2 * s["largest"]
+        flowing = flowing * rules["flowing"]
         if fsdp:
             own = held["padded"][i] * rules["gradients"]
         else:

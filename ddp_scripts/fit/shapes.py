@@ -104,12 +104,15 @@ def decoder_summary(layers, hidden, heads, vocab, seq, batch, precision):
             tokens * vocab * w,       # cross entropy's log-softmax (float32 under autocast)
             tokens * LONG,            # the labels
             w]                        # the weight total that nll_loss divides by
-    segments = [segment("the stem", False, stem, 0, 0)]
+    # Each segment's input and output (trace.summarize's): the stem's input is the batch, which
+    # takes no gradient; its output, a block's input, the residual stream; the head's output,
+    # the loss.
+    segments = [segment("the stem", False, stem, 0, tokens * h * w)]
     for i in range(layers):
         segments.append(segment("blocks." + str_of(i), True, block, tokens * h * w, tokens * h * w))
-    segments.append(segment("the head", False, head, 0, w))   # its output: the loss
+    segments.append(segment("the head", False, head, tokens * h * w, w))
     return {"tensors": decoder_tensors(layers, hidden, vocab, seq), "segments": segments,
-            "buffers": 0, "batch": tokens * LONG + tokens * LONG, "element": w}
+            "buffers": 0, "batch": tokens * LONG, "element": w}
 
 
 def str_of(number):

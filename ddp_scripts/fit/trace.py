@@ -9,6 +9,8 @@ under FakeTensorMode (tensors with shapes, dtypes and devices, and no data), so 
 larger than this machine can be read. Autocast runs as on the CPU.
 """
 import contextlib
+import copy
+import logging
 import importlib
 import importlib.util
 import json
@@ -17,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from ddp_scripts.cli import UsageError, first_line
 
@@ -87,9 +89,9 @@ def build(spec, kwargs, device="meta", dtype=torch.float32):
 def units_of(model, name=None):
     """The modules that FSDP shards as units of their own and checkpointing recomputes: those
     of class `name`, or by default the class that repeats (two or more, none inside another
-    of its kind) and covers the most parameters: a transformer's blocks, a ResNet's. Of two
-    that cover as many (a ResNet's stages and the blocks inside them), the finer: more units,
-    each gathered whole in its turn, so less held at once."""
+    of its kind, no plain container such as nn.Sequential) and covers the most parameters: a
+    transformer's blocks, a ResNet's. Of two that cover as many, the finer: more units, each
+    gathered whole in its turn, so less held at once."""
     by_class = {}
     for module in model.modules():
         if module is not model:
@@ -97,10 +99,12 @@ def units_of(model, name=None):
     if name is not None:
         if name not in by_class:
             raise UsageError(f"--units {name}: the model has no module of that class "
-                             f"(it has {', '.join(sorted(by_class)[:8])})")
+                             f"(it has {', '.join(sorted(by_class)[:8]) or 'no submodules'})")
         classes = [name]
     else:  # modules that hold others first (blocks), single layers only if none repeats
-        repeated = [c for c, found in by_class.items() if len(found) >= 2]
+        containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)   # they hold; blocks compute
+        repeated = [c for c, found in by_class.items()
+                    if len(found) >= 2 and not isinstance(found[0], containers)]
         classes = [c for c in repeated if any(True for _ in by_class[c][0].children())] or repeated
     best, most = [], -1
     for cls in classes:
@@ -112,8 +116,26 @@ def units_of(model, name=None):
     return best
 
 
+@contextlib.contextmanager
+def quiet_fake_mode():
+    """FakeTensorMode's own log of an op that failed (a traceback on stderr, before the error
+    is raised) held back: the error itself becomes the one line the reader gets."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def _bytes(tensor):
     return tensor.untyped_storage().nbytes()
+
+
+def tensor_bytes(tree):
+    """The bytes of the tensors in a module's output (a tensor, a tuple, a dict)."""
+    return sum(_bytes(t) for t in torch.utils._pytree.tree_leaves(tree) if torch.is_tensor(t))
 
 
 def sample_input(shape, dtype, batch):
@@ -121,9 +143,26 @@ def sample_input(shape, dtype, batch):
     return torch.zeros(batch, *shape, dtype=dtype)
 
 
+def main_tensor(output):
+    """What a loss is taken of: the output, or its .logits or ["logits"] (Hugging Face's
+    models), or else its first floating-point tensor (a tuple's, a dict's)."""
+    if torch.is_tensor(output):
+        return output
+    logits = output.get("logits") if isinstance(output, dict) else getattr(output, "logits", None)
+    if torch.is_tensor(logits):
+        return logits
+    leaves = [t for t in torch.utils._pytree.tree_leaves(output)
+              if torch.is_tensor(t) and t.is_floating_point()]
+    if not leaves:
+        raise UsageError(f"the model returned a {type(output).__name__} with no floating-point "
+                         "tensor to take a loss of")
+    return leaves[0]
+
+
 def loss_of(output):
     """Cross entropy against class 0 for logits of (rows, classes) (more dimensions are
-    flattened into rows), the sum otherwise."""
+    flattened into rows), the sum otherwise; of main_tensor(output)."""
+    output = main_tensor(output)
     if output.dim() >= 2:
         logits = output.reshape(-1, output.shape[-1])
         return F.cross_entropy(logits, torch.zeros(logits.shape[0], dtype=torch.long))
@@ -131,9 +170,27 @@ def loss_of(output):
 
 
 def fake_model(model, dtype):
-    """The meta model built again under the current FakeTensorMode, in `dtype`, and its
-    units: fake parameters, nothing allocated."""
-    fake = build(model.spec, model.kwargs, "cpu", dtype)
+    """A copy of the meta model with fake tensors under the current FakeTensorMode, floating
+    point ones in `dtype`, and its units: nothing allocated, and the model's own
+    initialisation not run again (some read values, as nn.init.trunc_normal_ does). A tensor
+    two modules share (tied weights) stays one."""
+    with unset_fake_temporarily():   # a meta copy: fake mode would make its tensors fake
+        fake = copy.deepcopy(model)
+    made = {}
+
+    def like(tensor, parameter):
+        if id(tensor) not in made:
+            empty = torch.empty(tensor.shape, device="cpu",
+                                dtype=dtype if tensor.is_floating_point() else tensor.dtype)
+            made[id(tensor)] = nn.Parameter(empty, tensor.requires_grad) if parameter else empty
+        return made[id(tensor)]
+    for module in fake.modules():
+        for name, tensor in module._parameters.items():
+            if tensor is not None:
+                module._parameters[name] = like(tensor, True)
+        for name, tensor in module._buffers.items():
+            if tensor is not None:
+                module._buffers[name] = like(tensor, False)
     units = {id(u) for u in model.unit_list}
     return fake, [m for m, original in zip(fake.modules(), model.modules()) if id(original) in units]
 
@@ -162,16 +219,22 @@ def summarize(model, units, shape, input_dtype, batch, precision):
         current = [0]
         seen = set()
 
+        # A segment's input and output: what flows between them, so what their gradients
+        # flow back through. The stem's input is the batch, which takes no gradient; the
+        # stem's output is the first unit's input, and the last unit's output the head's input.
         def enter(module, inputs):
             i = unit_index[module] + 1
             current[0] = i
             segments[i]["input"] = sum(_bytes(t) for t in inputs if torch.is_tensor(t))
+            if i == 1:
+                segments[0]["output"] = segments[1]["input"]
 
         def leave(module, inputs, output):
             i = unit_index[module] + 1
-            segments[i]["output"] = sum(_bytes(t) for t in torch.utils._pytree.tree_leaves(output)
-                                        if torch.is_tensor(t))
+            segments[i]["output"] = tensor_bytes(output)
             current[0] = len(segments) - 1 if i == len(fake_units) else i + 1
+            if i == len(fake_units):
+                segments[-1]["input"] = segments[i]["output"]
 
         def pack(tensor):
             storage = tensor.untyped_storage()
@@ -192,15 +255,15 @@ def summarize(model, units, shape, input_dtype, batch, precision):
         seen.add(inputs.untyped_storage()._cdata)  # counted once, as "batch"
         autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-autocast"
                     else contextlib.nullcontext())
-        try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast, quiet_fake_mode():
+            try:
                 output = fake(inputs)
-                loss = loss_of(output)
-        except Exception as error:
-            raise UsageError(f"the model refuses a batch of shape {tuple(inputs.shape)} "
-                             f"({str(input_dtype).removeprefix('torch.')}): {first_line(error)}") from None
-        labels = output.reshape(-1, output.shape[-1]).shape[0] * 8 if output.dim() >= 2 else 0
-        segments[-1]["output"] = _bytes(loss)
+            except Exception as error:
+                raise UsageError(f"the model refuses a batch of shape {tuple(inputs.shape)} "
+                                 f"({str(input_dtype).removeprefix('torch.')}): {first_line(error)}") from None
+            loss = loss_of(output)
+        segments[-1]["output"] = _bytes(loss)   # the head ends with the loss
+        del loss
         buffers = sum(b.numel() * b.element_size() for b in fake.buffers())
     segment_of = {}
     for i, m in enumerate(units):
@@ -212,6 +275,6 @@ def summarize(model, units, shape, input_dtype, batch, precision):
     tensors = [[0 if s is None else s, rows, cols] for s, rows, cols in tensors]
     return {"tensors": tensors, "segments": segments,
             "buffers": buffers,
-            "batch": inputs.numel() * inputs.element_size() + labels,
+            "batch": inputs.numel() * inputs.element_size(),   # the labels: the loss's, saved
             "element": torch.empty((), dtype=master).element_size()}
 

@@ -2,6 +2,9 @@
 family, under every optimizer, precision, checkpointing and strategy; a rule left out makes
 the check fail; DDP's bucket rule holds in a real gloo run; bad input is one line."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,7 +16,8 @@ from ddp_scripts.fit.trace import build, units_of
 from ddp_scripts.launcher import run_command, torchrun_command
 from helpers import ROOT, assert_one_line_error, run_in_process
 
-BN_CNN = f"{ROOT / 'tests' / 'fit_models.py'}:bn_cnn"
+MODELS = ROOT / "tests" / "fit_models.py"
+BN_CNN = f"{MODELS}:bn_cnn"
 IMAGES = ((3, 32, 32), torch.float32)
 TOKENS = ((32,), torch.long)
 # (model, kwargs, input, batch per rank, optimizer, precision, checkpointing, strategy, ranks)
@@ -48,6 +52,16 @@ CASES = [
     # and its narrow case with a large batch: the batch is most of the peak
     ("ddp_scripts.sharding:WideMLP", {"width": 128, "depth": 2}, IMAGES, 512, "sgd-momentum",
      "float64", False, "fsdp", 2),
+    # a vocabulary far wider than the model: cross entropy's gradients are most of the peak
+    ("ddp_scripts.models:Decoder", {"layers": 2, "hidden": 32, "heads": 2, "vocab": 32000, "seq": 64},
+     ((64,), torch.long), 16, "sgd", "float32", False, "fsdp", 2),
+    # no block that repeats: the whole model is the head
+    (f"{MODELS}:flat", {}, IMAGES, 4, "adamw", "float32", False, "single", 1),
+    # a model whose initialisation reads values (trunc_normal_): built once, on meta
+    ("torchvision.models:vit_b_16", {"image_size": 32, "num_classes": 10}, IMAGES, 2, "adamw",
+     "bf16-autocast", True, "fsdp", 2),
+    # a dict for output: the loss is taken of its logits
+    (f"{MODELS}:named", {}, ((32,), torch.float32), 8, "adam", "float32", False, "ddp", 2),
 ]
 
 
@@ -183,6 +197,10 @@ def test_the_command_speaks_plainly():
     (["--model", "torchvision.models:resnet18", "--kwargs", "{num_classes: 3}"], "not JSON"),
     (["--model", "torchvision.models:resnet18", "--kwargs", '{"nope": 3}'], "nope"),
     (["--model", "torchvision.models:resnet18", "--units", "Nothing"], "no module of that class"),
+    (["--model", "torchvision.models:resnet18", "--gpu-memory", "80"], "--gpu-memory '80'"),
+    (["--model", "torchvision.models:resnet18", "--input-shape", "3,,32"], "--input-shape '3,,32'"),
+    (["--model", f"{MODELS}:scalar", "--input-shape", "8", "--strategy", "fsdp"], "(scale)"),
+    (["--model", f"{MODELS}:no_such", "--input-shape", "8"], "has no callable"),
 ])
 def test_bad_input_is_one_line(args, fragment):
     if "--input-shape" not in args:
@@ -236,3 +254,13 @@ def test_the_exercise_will_it_fit_as_its_solution_says():
     assert not any(row["fits"] for row in rows["ddp"])
     assert all(row["fits"] for row in rows["fsdp"])
     assert all(max(row["by_kind"], key=row["by_kind"].get) == "activations" for row in rows["fsdp"])
+
+
+def test_a_shape_a_linear_layer_refuses_is_one_line_in_a_real_process():
+    """FakeTensorMode logs the failed op's traceback to the real stderr before it raises: an
+    in-process run (run_in_process) would not see it, a real process does."""
+    result = subprocess.run([sys.executable, "-m", "ddp_scripts.fit", "--model",
+                             "ddp_scripts.sharding:WideMLP", "--input-shape", "3,16,16",
+                             "--no-tracker"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert_one_line_error(result, "refuses a batch of shape (32, 3, 16, 16)")
