@@ -4,6 +4,8 @@
 """
 import re
 
+import torch
+
 from ddp_scripts.cli import UsageError, first_line
 from ddp_scripts.fit import rules, trace
 from ddp_scripts.fit import track as tracking
@@ -96,6 +98,10 @@ def fit(model, units, setup, track=True, gpu_memory=None):
                                  "(--no-tracker gives the rules' answer alone)") from None
         for rank in group:
             tracked[rank] = tracked.get(first)
+    if any(found and found["one_at_a_time"] for found in tracked.values()):
+        notes.append(f"torch {torch.__version__}'s tracker counts an optimizer step on shards, "
+                     "taken all at once, at more than it holds: it tracked the step one tensor "
+                     "at a time")
     for row in predicted:
         entry = {"rank": row["rank"], "predicted_peak_bytes": row["peak"],
                  "peak_point": row["at"], "by_kind": row["by_kind"],

@@ -21,12 +21,46 @@ from ddp_scripts.ranks import leave_process_group
 # TRACKED_STEPS: the last is measured, once every op has run (memory_run.py says why).
 from ddp_scripts.recorders.memory_run import TRACKED_STEPS, forget_the_peak, note_where_the_peak_rises
 
+# The step as a GPU takes it: all tensors at once (foreach), PyTorch's default on CUDA.
 OPTIMIZERS = {
-    "sgd": lambda params: torch.optim.SGD(params, lr=0.01, foreach=True),
-    "sgd-momentum": lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=True),
-    "adam": lambda params: torch.optim.Adam(params, foreach=True),
-    "adamw": lambda params: torch.optim.AdamW(params, foreach=True),
+    "sgd": lambda params, foreach=True: torch.optim.SGD(params, lr=0.01, foreach=foreach),
+    "sgd-momentum": lambda params, foreach=True: torch.optim.SGD(params, lr=0.01, momentum=0.9,
+                                                               foreach=foreach),
+    "adam": lambda params, foreach=True: torch.optim.Adam(params, foreach=foreach),
+    "adamw": lambda params, foreach=True: torch.optim.AdamW(params, foreach=foreach),
 }
+_COUNTS_FOREACH_ON_DTENSORS = []
+
+
+def counts_more_for_foreach_on_dtensors(mesh):
+    """Whether this torch's tracker counts a foreach step on sharded parameters (DTensors) at
+    more than the step holds, every step: torch 2.11's does (the shapes DTensor works out, on
+    fake tensors of its own), 2.14's does not. Asked once, of two small sharded layers and
+    their root, in fake mode: does the tracker's optimizer state exceed the momentum's shards?"""
+    if not _COUNTS_FOREACH_ON_DTENSORS:
+        from torch.distributed.fsdp import fully_shard
+        n = mesh.size()
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8 * n), torch.nn.Linear(8 * n, 4 * n))
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = OPTIMIZERS["sgd-momentum"](model.parameters())
+        tracker = FSDPMemTracker(model, optimizer)
+        with tracker:
+            for step in range(TRACKED_STEPS):
+                if step:
+                    tracker.reset_mod_stats()
+                if step == TRACKED_STEPS - 1:
+                    forget_the_peak(tracker)
+                model(torch.zeros(1, 8)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+        counted = {str(getattr(k, "value", k)): v for k, v in peak.items()}["OptState"]
+        held = sum(state["momentum_buffer"].to_local().untyped_storage().nbytes()
+                   for state in optimizer.state.values())
+        _COUNTS_FOREACH_ON_DTENSORS.append(counted > held)
+    return _COUNTS_FOREACH_ON_DTENSORS[0]
 
 
 def checkpointed(unit):
@@ -39,7 +73,8 @@ def checkpointed(unit):
 
 def tracked_peak(model, units, setup, rank=0):
     """The tracker's peak over the last of TRACKED_STEPS steps, for `rank` of setup["ranks"]:
-    {"peak", "at" (the point where it last rose), "categories"}."""
+    {"peak", "at" (the point where it last rose), "categories", "one_at_a_time" (the step
+    tracked one tensor at a time: counts_more_for_foreach_on_dtensors)}."""
     strategy, ranks = setup["strategy"], setup["ranks"]
     fsdp = strategy.startswith("fsdp")
     master = MASTER[setup["precision"]]
@@ -61,7 +96,10 @@ def tracked_peak(model, units, setup, rank=0):
                 for unit in fake_units:
                     fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
                 fully_shard(fake, mesh=mesh, reshard_after_forward=reshard)
-            optimizer = OPTIMIZERS[setup["optimizer"]](fake.parameters())
+            # Where the tracker would count phantom tensors, it tracks the step one tensor at
+            # a time: on shards, the step's own temporaries are small beside the peak.
+            one_at_a_time = fsdp and counts_more_for_foreach_on_dtensors(mesh)
+            optimizer = OPTIMIZERS[setup["optimizer"]](fake.parameters(), foreach=not one_at_a_time)
             dtype = setup["input_dtype"]
             inputs = sample_input(setup["input_shape"], master if dtype.is_floating_point else dtype,
                                   setup["batch"])
@@ -91,7 +129,8 @@ def tracked_peak(model, units, setup, rank=0):
         snapshot = next(iter(peak.values()))
         categories = {str(getattr(k, "value", k)).removeprefix("_FSDPRefType."): v
                       for k, v in snapshot.items()}
-        return {"peak": categories.pop("Total"), "at": where[0], "categories": categories}
+        return {"peak": categories.pop("Total"), "at": where[0], "categories": categories,
+                "one_at_a_time": one_at_a_time}
     finally:
         if fsdp:
             leave_process_group()

@@ -264,3 +264,24 @@ def test_a_shape_a_linear_layer_refuses_is_one_line_in_a_real_process():
                              "--no-tracker"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert_one_line_error(result, "refuses a batch of shape (32, 3, 16, 16)")
+
+
+def test_the_foreach_probe_says_what_the_tracker_does(monkeypatch):
+    """track.counts_more_for_foreach_on_dtensors decides how an FSDP step is tracked: it must
+    say True exactly where a foreach step, tracked as it is, misses the rules (torch 2.11)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from ddp_scripts.fit import track
+    from ddp_scripts.ranks import leave_process_group
+    case = CASES[16]   # the WideMLP, SGD with momentum, FSDP on 2 ranks
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=case[-1])
+    try:
+        mesh = init_device_mesh("cpu", (case[-1],))   # outside fake mode: it reads a tensor
+        with torch._subclasses.fake_tensor.FakeTensorMode():
+            says = track.counts_more_for_foreach_on_dtensors(mesh)
+    finally:
+        leave_process_group()
+    monkeypatch.setattr(track, "counts_more_for_foreach_on_dtensors", lambda mesh: False)
+    as_it_is = answer(case)["ranks"]
+    assert says == (not all(row["agrees"] for row in as_it_is)), (says, [r["gap_bytes"] for r in as_it_is])
