@@ -74,3 +74,17 @@ class Scalar(nn.Module):
 
 def scalar():
     return Scalar()
+
+
+class Stage(nn.Sequential):
+    """A block written as a subclass of nn.Sequential: a block, not a plain container."""
+
+    def __init__(self, width):
+        super().__init__(nn.Linear(width, width), nn.GELU())
+
+
+def stages(width=16, depth=3):
+    """Stages between two Linear layers, and BatchNorm that reads its step count's value in
+    forward (momentum=None: float(num_batches_tracked))."""
+    return nn.Sequential(nn.Linear(8, width), *[Stage(width) for _ in range(depth)],
+                         nn.BatchNorm1d(width, momentum=None), nn.Linear(width, 10))

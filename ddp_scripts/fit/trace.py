@@ -104,7 +104,7 @@ def units_of(model, name=None):
     else:  # modules that hold others first (blocks), single layers only if none repeats
         containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)   # they hold; blocks compute
         repeated = [c for c, found in by_class.items()
-                    if len(found) >= 2 and not isinstance(found[0], containers)]
+                    if len(found) >= 2 and type(found[0]) not in containers]
         classes = [c for c in repeated if any(True for _ in by_class[c][0].children())] or repeated
     best, most = [], -1
     for cls in classes:
@@ -170,18 +170,33 @@ def loss_of(output):
 
 
 def fake_model(model, dtype):
-    """A copy of the meta model with fake tensors under the current FakeTensorMode, floating
-    point ones in `dtype`, and its units: nothing allocated, and the model's own
-    initialisation not run again (some read values, as nn.init.trunc_normal_ does). A tensor
-    two modules share (tied weights) stays one."""
-    with unset_fake_temporarily():   # a meta copy: fake mode would make its tensors fake
-        fake = copy.deepcopy(model)
+    """The model again under the current FakeTensorMode, in `dtype`, and its units: fake
+    parameters, nothing allocated. Built as the reader's code builds it (its constants and
+    attributes kept); where its initialisation reads values (nn.init.trunc_normal_ does), a
+    copy of the meta model instead, each tensor an empty fake one."""
+    try:
+        fake = build(model.spec, model.kwargs, "cpu", dtype)
+    except UsageError:
+        fake = meta_copy(model, dtype)
+    units = {id(u) for u in model.unit_list}
+    return fake, [m for m, original in zip(fake.modules(), model.modules()) if id(original) in units]
+
+
+def meta_copy(model, dtype):
+    """A copy of the meta model whose parameters and buffers are empty fake tensors, those in
+    float32 (the meta build's) in `dtype`; a tensor two modules share (tied weights) stays one."""
+    try:
+        with unset_fake_temporarily():   # a meta copy: fake mode would make its tensors fake
+            fake = copy.deepcopy(model)
+    except Exception as error:
+        raise UsageError(f"--model {model.spec}: its initialisation reads values, and a copy of "
+                         f"it cannot be made ({first_line(error)})") from None
     made = {}
 
     def like(tensor, parameter):
         if id(tensor) not in made:
             empty = torch.empty(tensor.shape, device="cpu",
-                                dtype=dtype if tensor.is_floating_point() else tensor.dtype)
+                                dtype=dtype if tensor.dtype == torch.float32 else tensor.dtype)
             made[id(tensor)] = nn.Parameter(empty, tensor.requires_grad) if parameter else empty
         return made[id(tensor)]
     for module in fake.modules():
@@ -191,8 +206,7 @@ def fake_model(model, dtype):
         for name, tensor in module._buffers.items():
             if tensor is not None:
                 module._buffers[name] = like(tensor, False)
-    units = {id(u) for u in model.unit_list}
-    return fake, [m for m, original in zip(fake.modules(), model.modules()) if id(original) in units]
+    return fake
 
 
 def summarize(model, units, shape, input_dtype, batch, precision):

@@ -285,3 +285,12 @@ def test_the_foreach_probe_says_what_the_tracker_does(monkeypatch):
     monkeypatch.setattr(track, "counts_more_for_foreach_on_dtensors", lambda mesh: False)
     as_it_is = answer(case)["ranks"]
     assert says == (not all(row["agrees"] for row in as_it_is)), (says, [r["gap_bytes"] for r in as_it_is])
+
+
+def test_a_block_that_subclasses_sequential_is_a_unit_and_a_buffers_value_is_read():
+    model = build(f"{MODELS}:stages", {})
+    units = units_of(model)
+    assert [type(unit).__name__ for unit in units] == ["Stage"] * 3
+    setup = {"input_shape": (8,), "input_dtype": torch.float32, "batch": 4, "optimizer": "sgd",
+             "precision": "float32", "checkpointing": False, "strategy": "single", "ranks": 1}
+    assert fit(model, units, setup)["ranks"][0]["agrees"]
