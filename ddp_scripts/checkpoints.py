@@ -24,7 +24,7 @@ from torch.distributed.fsdp import FSDPModule
 from ddp_scripts.cli import HELD_FOLDERS, UsageError, say
 from ddp_scripts.devices import say_device
 from ddp_scripts.ranks import on_rank_0, world_size
-from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY
+from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, holds_a_run
 
 try:
     import fcntl
@@ -90,8 +90,7 @@ def prepare_out_dir(args):
     resume from, or None. Under DDP rank 0 calls it (on_rank_0) and tells the others."""
     out = Path(args.out)
     claim_out_dir(out)
-    holds_run = any((out / name).exists() for name in (METRICS, CHECKPOINT, SUMMARY))
-    if holds_run and not (args.resume or args.overwrite):
+    if holds_a_run(out) and not (args.resume or args.overwrite):
         raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
                          "--overwrite to replace it, or choose another --out")
     if not args.resume:
@@ -102,14 +101,14 @@ def prepare_out_dir(args):
 
 def start_out_dir(args, checkpoint):
     """Set up OUT: keep only the epochs the checkpoint has, or start empty (--overwrite). An
-    epoch logged after the checkpoint (trained again), half a line, or the temporary file of
-    an unfinished save, left by a crash: none survives."""
+    epoch logged after the checkpoint (trained again), or the temporary file of an unfinished
+    save, left by a crash: none survives. A damaged line of the epochs kept is refused."""
     out = Path(args.out)
     claim_out_dir(out)
     kept = []
-    if checkpoint is not None:  # a resume: the epochs logged up to its checkpoint
-        from ddp_scripts.runfiles import metrics_rows
-        kept = [row for row in metrics_rows(out) if row["epoch"] <= checkpoint["epoch"]]
+    if args.resume:  # the epochs logged up to its checkpoint, each whole and once
+        from ddp_scripts.resume import metrics_to_keep
+        kept = metrics_to_keep(out, checkpoint["epoch"] if checkpoint is not None else 0)
     write_atomically(out / METRICS, lambda f: f.writelines(json.dumps(row) + "\n" for row in kept),
                      mode="w")
     if checkpoint is None:  # --overwrite: the replaced run's files would look like ours

@@ -75,7 +75,8 @@ def fetch_archive(data_dir, url=None, limit_s=None, stall_s=None):
         raise OSError(f"download of {ARCHIVE} failed ({first_line(error)}): "
                       f"{how_to_place(data_dir)}") from None
     finally:
-        part.unlink(missing_ok=True)
+        if part.exists():  # not on a read-only disk, where unlink would fail and hide the cause
+            part.unlink()
     return target
 
 
@@ -127,6 +128,8 @@ def cifar10_tensors(data_dir, download):
     if not whole:
         if not download:
             raise Cifar10Missing(data_dir, wrong, None)
+        if unwritable := cannot_write(data_dir):   # a read-only disk, or another user's folder
+            raise Cifar10Missing(data_dir, wrong, unwritable)
         # Taken only when there is something to download: a run that finds the files says nothing.
         with _one_process_at_a_time(Path(data_dir) / ".download.lock"):
             if not unpacked_whole(data_dir):   # else filled by another process while this one waited
@@ -142,6 +145,25 @@ def cifar10_tensors(data_dir, download):
         std = torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
         splits.append(((images - mean) / std, torch.tensor(ds.targets)))
     return splits
+
+
+def cannot_write(data_dir):
+    """Why no file can be made in data_dir (made first if missing), in one line that says what
+    to do; None if one can. Probed with a nameless temporary file: nothing is left behind."""
+    import tempfile
+
+    from torchvision.datasets import CIFAR10
+    try:
+        Path(data_dir).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=data_dir):
+            pass
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return None  # the download meets it too, and says so
+        return (f"{data_dir}/ cannot be written ({error.strerror}): CIFAR-10 cannot be "
+                f"downloaded or unpacked there; pass another --data-dir, or place the unpacked "
+                f"{CIFAR10.base_folder}/ in it")
+    return None
 
 
 def _unpack(archive, data_dir):

@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 
 from ddp_scripts.mishaps import NothingToDo, RunStopped, Terminated, UsageError, first_line
 
@@ -17,7 +18,18 @@ __all__ = ["FAST_EXIT", "HELD_FOLDERS", "NothingToDo", "RunStopped", "Terminated
 
 
 def _terminated(*signal_and_frame):
-    raise Terminated
+    raise Terminated("torchrun, which started this process, has ended"
+                     if "TORCHELASTIC_RUN_ID" in os.environ and parent_ended() else "")
+
+
+def parent_ended(wait_s=0.5):
+    """Whether the process that started this one has ended. The parent-death signal comes as
+    the thread that started this process ends, a moment before the rest of its process: so
+    wait up to `wait_s` for this process to be handed to another parent."""
+    deadline = time.monotonic() + wait_s
+    while os.getppid() == PARENT and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.getppid() != PARENT
 
 
 # The folders this process holds while its script runs (checkpoints.claim_out_dir): each
@@ -41,6 +53,8 @@ def let_go_of_folders():
     HELD_FOLDERS.clear()
 
 
+PARENT = os.getppid()  # the process that started this one (torchrun, for its workers)
+
 # Set to 1 by the book's launcher and tests only: a run that succeeds then ends with
 # os._exit(0), which skips Python's slow way out after importing torch, but also atexit
 # handlers and unflushed files; leave it unset for your own runs.
@@ -54,6 +68,10 @@ def run_cli(main):
     traceback and 1. Failures also go to torchrun's error file (runfiles.py), where torchrun
     and the launcher read which rank failed and why (mishaps.end_early)."""
     previous = signal.signal(signal.SIGTERM, _terminated)  # in the main thread: a script's
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker of torchrun: it ends when torchrun does
+        end_with_parent()
+        if os.getppid() != PARENT:  # torchrun was gone already, before the call
+            os.kill(os.getpid(), signal.SIGTERM)
     try:
         try:
             main()
@@ -68,6 +86,23 @@ def run_cli(main):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+if sys.platform == "linux":
+    import ctypes
+    _prctl = ctypes.CDLL(None).prctl  # looked up here: the launcher calls end_with_parent in a
+    # child between fork and exec, where little more than a call is safe
+
+    def end_with_parent():
+        """Ask Linux to send this process SIGTERM when its parent ends (PR_SET_PDEATHSIG): a
+        torchrun killed by SIGKILL, or a notebook kernel that dies, then takes its workers
+        with it instead of leaving them to train on (torchrun cannot pass SIGKILL on: it
+        cannot be caught)."""
+        _prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+else:
+    def end_with_parent():
+        """No parent-death signal outside Linux: a worker whose torchrun was killed by SIGKILL
+        trains on until it is ended by its own process id (chapter 8)."""
 
 
 def say(message):

@@ -9,11 +9,18 @@ import torch
 
 from ddp_scripts.cli import UsageError, say
 
+STRAY = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}  # torchrun's, left in a shell
 
-def pick_device(requested="auto", local_rank=0):
+
+def pick_device(requested="auto", local_rank=None):
     """The device this process trains on; 'auto' means CUDA if present, else CPU. Process
     `local_rank` of a node takes GPU `local_rank` (nccl cannot share one GPU between two),
     unless a scheduler (srun, no torchrun) showed it only the one GPU it chose, as cuda:0."""
+    if local_rank is None:  # a script of one process: torchrun's variables are not its own
+        if "TORCHELASTIC_RUN_ID" not in os.environ and STRAY.intersection(os.environ):
+            from ddp_scripts.mishaps import ignore_rank_variables
+            ignore_rank_variables(STRAY, say)
+        local_rank = 0
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda":

@@ -30,9 +30,10 @@ from ddp_scripts import checkpoints
 from ddp_scripts.checkpoints import (append_metrics, claim_out_dir, epoch_record, run_identity,
                                     training_settings, write_atomically)
 from ddp_scripts.cli import UsageError, first_line, say
-from ddp_scripts.resume import check_same_training, load_checkpoint, stop_if_nothing_to_do
-from ddp_scripts.runfiles import (CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs,
-                                  metrics_rows)
+from ddp_scripts.resume import (check_same_training, load_checkpoint, metrics_to_keep,
+                                stop_if_nothing_to_do)
+from ddp_scripts.runfiles import (CHECKPOINT, SHARDED_CHECKPOINT, holds_a_run,
+                                  logged_epochs, metrics_rows)
 from ddp_scripts.sharding import bytes_per_rank
 
 CHECKPOINT_INFO = "checkpoint.json"  # inside OUT/checkpoint.dcp, next to DCP's .metadata
@@ -55,9 +56,7 @@ def prepare_out_dir(args, global_batch_size):
     rank 0 calls it (on_rank_0)."""
     out = Path(args.out)
     claim_out_dir(out)
-    holds_run = any((out / name).exists()
-                    for name in (METRICS, CHECKPOINT, SUMMARY, SHARDED_CHECKPOINT))
-    if holds_run and not (args.resume or args.overwrite):
+    if holds_a_run(out) and not (args.resume or args.overwrite):
         raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
                          "--overwrite to replace it, or choose another --out")
     if not args.resume:
@@ -69,6 +68,7 @@ def prepare_out_dir(args, global_batch_size):
         if strategy != "fsdp":  # a run of the other scripts, which save no sharded checkpoint
             raise UsageError(f"{out} holds a run of another script ({strategy}, {CHECKPOINT}): "
                              "resume it with that script, or pass --overwrite")
+        metrics_to_keep(out, 0, quiet=True)  # a damaged line: refused, not trained over
         if logged_epochs(out):  # starting again would throw away epochs that were trained
             hint = (f"rename {previous.name} to {folder.name}" if previous.exists()
                     else "restore it")
@@ -94,6 +94,7 @@ def prepare_out_dir(args, global_batch_size):
                          f"{info['global_batch_size']} and this run's is {global_batch_size}: "
                          f"pass --global-batch-size {info['global_batch_size']} to continue "
                          "the same training on this number of ranks")
+    metrics_to_keep(out, info["epoch"], quiet=True)
     return info
 
 
@@ -131,7 +132,7 @@ def resume_from(checkpoint, model, optimizer, out):
     try:
         dcp.load(state, checkpoint_id=folder)  # fills them in place
     except (Exception, dcp.CheckpointException) as error:  # DCP: the same on every rank
-        reason = first_failure(error).replace(f"{folder}{os.sep}", "")  # its files by name
+        reason = cut_short(folder) or first_failure(error).replace(f"{folder}{os.sep}", "")
         raise UsageError(f"cannot read the sharded checkpoint {folder}: "
                          f"{textwrap.shorten(reason, 200)}; pass --overwrite to start again") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"],
@@ -139,6 +140,29 @@ def resume_from(checkpoint, model, optimizer, out):
     say(f"resuming after epoch {checkpoint['epoch']} from {out} (saved by "
         f"{checkpoint['world_size']} rank(s), loaded by {dist.get_world_size()})")
     return checkpoint["epoch"] + 1
+
+
+def cut_short(folder):
+    """The first shard file in `folder` smaller than DCP's plan (.metadata) says it is, in
+    one line; None if every file is long enough, or the plan cannot be read. The plan's
+    storage_data maps each item saved to (relative_path, offset, length) in its file."""
+    try:
+        plan = dcp.FileSystemReader(folder).read_metadata().storage_data
+        needs = {}
+        for where in plan.values():
+            end = where.offset + where.length
+            needs[where.relative_path] = max(needs.get(where.relative_path, 0), end)
+    except Exception:  # no plan, or a damaged one: DCP's own error says so
+        return None
+    for name, size in sorted(needs.items()):
+        try:
+            held = (Path(folder) / name).stat().st_size
+        except OSError:  # missing: DCP's own error names it
+            continue
+        if held < size:
+            return (f"{name} is {held:,} bytes; the checkpoint's index needs {size:,}: "
+                    "it was cut short")
+    return None
 
 
 def first_failure(error):

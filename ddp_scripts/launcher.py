@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from ddp_scripts.cli import FAST_EXIT
+from ddp_scripts.cli import FAST_EXIT, end_with_parent
 from ddp_scripts.runfiles import (ERROR_FILE_NAME, ERROR_FILE_VARIABLE, logged_epochs,
                                   metrics_rows, ranks_without_error_file, read_error_files)
 
@@ -201,7 +201,9 @@ def run_command(command, timeout=600, progress="auto", out=None, total_epochs=No
     Returns the output lines. Raises LaunchError (non-zero exit: which rank failed, with what
     exit status and why, from the ranks' error files), LaunchTimeout, or KeyboardInterrupt
     (after cleaning up) on an interrupt. With `out` and `total_epochs`, an interactive
-    notebook shows a progress bar that follows OUT/metrics.jsonl.
+    notebook shows a progress bar that follows OUT/metrics.jsonl. Once the command has
+    exited, whatever it left running (a background child that keeps its output open) is
+    ended too, and the command's own exit status counts.
     """
     # Where failures are recorded: torchrun's --log-dir for its workers' error files; the
     # variable, for a single process (or for torchrun's own failure, such as a rendezvous
@@ -211,46 +213,102 @@ def run_command(command, timeout=600, progress="auto", out=None, total_epochs=No
     full_env = {**os.environ, **added_environment(env),
                 ERROR_FILE_VARIABLE: str(Path(error_dir) / ERROR_FILE_NAME)}
     lines, bar = [], _progress_bar(progress, total_epochs if out is not None else None)
+
+    def show(line):
+        lines.append(line)
+        (bar.write if bar is not None and echo is print else echo)(line)
+
     try:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, text=True, env=full_env,
-                                   start_new_session=True, bufsize=1,
-                                   preexec_fn=_end_with_parent)
+                                    stdin=subprocess.DEVNULL, text=True, errors="replace",
+                                    env=full_env, start_new_session=True, bufsize=1,
+                                    # should the notebook's kernel die (killed, out of memory), Linux sends
+                                    # torchrun SIGTERM, and torchrun ends its workers
+                                    preexec_fn=end_with_parent if sys.platform == "linux" else None)
+        tree = _Tree(process)
         reader = queue.Queue()
         threading.Thread(target=_pump, args=(process.stdout, reader), daemon=True).start()
         deadline = time.monotonic() + timeout
+        output_open, exited_at = True, None
         try:
-            while True:
-                try:
-                    line = reader.get(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
-                except queue.Empty:
-                    line = ""
-                if line is None:  # output closed: the process has ended or is ending
-                    process.wait(timeout=max(1.0, deadline - time.monotonic()))
-                    break
-                if line:
-                    lines.append(line)
-                    (bar.write if bar is not None and echo is print else echo)(line)
-                if bar is not None:
-                    bar.update(len(logged_epochs(out)) - bar.n)
-                if time.monotonic() > deadline:
+            while output_open or exited_at is None:
+                now = time.monotonic()
+                if now > deadline:
                     raise LaunchTimeout(f"run did not finish within {timeout:g} s and was ended",
                                         tail="\n".join(lines[-15:]))
-        except subprocess.TimeoutExpired:
-            raise LaunchTimeout(f"run did not finish within {timeout:g} s and was ended",
-                                tail="\n".join(lines[-15:])) from None
+                if exited_at is None and tree.exited():
+                    exited_at = now
+                elif exited_at is not None and now > exited_at + OUTPUT_AFTER_EXIT_S:
+                    break  # a process the command left holds its output: ended below
+                try:
+                    line = reader.get(timeout=max(0.0, min(0.2 if output_open else 0.05,
+                                                           deadline - now)))
+                except queue.Empty:
+                    line = ""
+                if line is None:  # output closed: the command has ended or is ending
+                    output_open = False
+                elif line:
+                    show(line)
+                if bar is not None:
+                    bar.update(len(logged_epochs(out)) - bar.n)
+                tree.note_descendants()
         finally:
-            end_process_tree(process)
+            end_process_tree(process, seen=tree.seen)
             if bar is not None:
                 bar.close()
+        # what is left in the pipe: once every process that held it has ended, its end comes
+        ends = time.monotonic() + OUTPUT_AFTER_EXIT_S
+        while output_open and (line := _next_line(reader, ends)) is not False:
+            if line is None:
+                break
+            show(line)
         if process.returncode != 0:
-            raise failure(process.returncode, read_error_files(error_dir), lines,
-                          ranks_without_error_file(error_dir))
+            errors = read_error_files(error_dir)
+            raise (port_taken(command, errors, process.returncode, lines)
+                   or failure(process.returncode, errors, lines,
+                              ranks_without_error_file(error_dir)))
     finally:
         if log_dir is None or log_dir in _TEMPORARY_LOG_DIRS:
             shutil.rmtree(error_dir, ignore_errors=True)
             _TEMPORARY_LOG_DIRS.discard(error_dir)
     return lines
+
+
+# How long the output of a command that has exited is read on: its last lines are in the pipe
+# already, and a process that keeps the pipe open after that is one it left running.
+OUTPUT_AFTER_EXIT_S = 1.0
+
+
+def _next_line(reader, until):
+    """The next line from `reader`, None at the end of the output, False at `until`."""
+    try:
+        return reader.get(timeout=max(0.0, until - time.monotonic()))
+    except queue.Empty:
+        return False
+
+
+# torchrun's own error when its rendezvous port is in use: torch >= 2.3 says "port: 29500 ...
+# EADDRINUSE", older versions "bind to [::]:29500 (errno: 98 - Address already in use)".
+ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
+PORT_IN_MESSAGE = re.compile(r"port: (\d+)|:(\d+) \(errno")
+
+
+def port_taken(command, errors, exit_code, lines):
+    """A LaunchError in one line when torchrun (`command`) failed because its rendezvous port
+    was in use: torchrun's own error file (rank None: no rank started) says so. None otherwise."""
+    if "torch.distributed.run" not in command and Path(str(command[0])).name != "torchrun":
+        return None
+    own = [error for error in errors if error["rank"] is None
+           and ADDRESS_IN_USE.search(error["reason"])]
+    if not own:
+        return None
+    found = PORT_IN_MESSAGE.search(own[0]["reason"])
+    port = next((group for group in found.groups() if group), None) if found else None
+    stack = own[0].get("message", {}).get("extraInfo", {}).get("py_callstack", "")
+    return LaunchError(f"port {port or 'given'} is taken (EADDRINUSE: torchrun could not start "
+                       f"its rendezvous there, no rank started): choose another port, or leave "
+                       f"it out to use a free one", exit_code=exit_code,
+                       tail=stack.strip() or "\n".join(lines[-25:]))
 
 
 # How a rank reports that another rank is gone (gloo, nccl, a socket): it failed for lack of
@@ -292,22 +350,15 @@ def failure(exit_code, errors, lines, silent=()):
                        exit_code=code, tail=stack.strip() or "\n".join(lines[-25:]))
 
 
-if sys.platform == "linux":
-    import ctypes
-    _prctl = ctypes.CDLL(None).prctl  # looked up here: between fork and exec it is only called
-
-    def _end_with_parent():
-        """Runs in the child before it starts: should the kernel die (killed, out of memory),
-        Linux sends the child SIGTERM, and torchrun ends its workers instead of going on."""
-        _prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-else:
-    _end_with_parent = None
-
-
 def _pump(stream, reader):
-    for line in stream:
-        reader.put(line.rstrip("\n"))
-    reader.put(None)
+    """Put each line of `stream` on `reader`, then None at its end. This thread alone reads
+    the stream, and it closes it: a close from another thread would wait for its read."""
+    try:
+        with stream:
+            for line in stream:
+                reader.put(line.rstrip("\n"))
+    finally:
+        reader.put(None)
 
 
 def _progress_bar(progress, total_epochs):
@@ -331,31 +382,107 @@ def _in_interactive_notebook():
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
-def end_process_tree(process, grace_s=5.0):
-    """Terminate `process` and every process it started (torchrun's workers run in sessions
-    of their own, so a process-group kill would miss them), then kill what is left."""
+class _Tree:
+    """A running command's processes: itself, and the descendants seen while it runs (a
+    process whose parent has ended is no one's descendant any more)."""
+
+    def __init__(self, process):
+        import psutil
+        self.seen, self._next_look = set(), 0.0
+        try:
+            self.leader = psutil.Process(process.pid)
+        except psutil.NoSuchProcess:
+            self.leader = None
+
+    def exited(self):
+        """Whether the command has exited. It is not waited for here: until it is, its process
+        id, and so its session's and group's, stays its own."""
+        return self.leader is None or _gone(self.leader)
+
+    def note_descendants(self, every_s=1.0):
+        if self.leader is None or time.monotonic() < self._next_look:
+            return
+        self._next_look = time.monotonic() + every_s
+        import psutil
+        try:
+            self.seen.update(self.leader.children(recursive=True))
+        except psutil.Error:
+            pass
+
+
+def end_process_tree(process, grace_s=5.0, seen=()):
+    """Terminate `process` and every process it started, kill what is left after `grace_s`
+    seconds, then wait for `process`. What it started is found three ways: its descendants now;
+    `seen`, its descendants seen earlier (torchrun's workers run in sessions of their own, so
+    a session kill would miss them); and every process of its session, which it leads when it
+    was started with start_new_session=True (a background child stays there when its parent
+    ends, and is then no one's descendant)."""
     import psutil
-    try:
-        parent = psutil.Process(process.pid)
-        tree = [parent, *parent.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    for proc in tree:
-        _signal(proc, signal.SIGTERM)
-    _, alive = psutil.wait_procs(tree, timeout=grace_s)
-    for proc in alive:
-        _signal(proc, signal.SIGKILL)
-    psutil.wait_procs(alive, timeout=grace_s)
+    leader = None
+    if process.returncode is None:  # not waited for: its process id is still its own
+        try:
+            leader = psutil.Process(process.pid)
+        except psutil.NoSuchProcess:
+            pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        procs = _started_by(process, leader, seen)
+        if leader is not None and not _gone(leader):
+            procs.append(leader)
+        if not procs:
+            break
+        if hasattr(os, "killpg") and _ids_are_its_own(process, leader):
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, sig)  # its group, should it lead one
+        for proc in procs:
+            _signal(proc, sig)
+        deadline = time.monotonic() + grace_s
+        while not all(_gone(proc) for proc in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
     try:
         process.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
-    if process.stdout:
-        process.stdout.close()
+
+
+def _started_by(process, leader, seen):
+    """The running processes `process` started (see end_process_tree), itself left out."""
+    import psutil
+    found = {proc for proc in seen if not _gone(proc)}
+    if leader is not None:
+        with contextlib.suppress(psutil.Error):
+            found.update(leader.children(recursive=True))
+    if hasattr(os, "getsid") and _ids_are_its_own(process, leader):
+        for pid in psutil.pids():
+            if pid in (process.pid, os.getpid()):
+                continue
+            with contextlib.suppress(OSError, psutil.Error):
+                if os.getsid(pid) == process.pid:
+                    found.add(psutil.Process(pid))
+    return [proc for proc in found if not _gone(proc)]
+
+
+def _ids_are_its_own(process, leader):
+    """Whether the session and group named by `process`'s id are its own: while it has not
+    been waited for, or while no process has that id (an id is not given to a new process
+    while a session or group of that id lasts). Once another process has the id, they are
+    that process's."""
+    import psutil
+    return leader is not None or not psutil.pid_exists(process.pid)
+
+
+def _gone(proc):
+    """Whether `proc` (a psutil.Process) has ended: exited (a zombie counts), or its process id
+    now someone else's."""
+    import psutil
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 def _signal(proc, sig):
     try:
-        proc.send_signal(sig)
+        if proc.is_running():  # not a process that has since taken its id
+            proc.send_signal(sig)
     except Exception:  # already gone
         pass

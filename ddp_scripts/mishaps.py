@@ -51,7 +51,7 @@ def end_early(error, say):
     rank = int(rank) if rank and rank.isdigit() else None
     tag = f"[rank {rank}] " if rank is not None else ""
     if isinstance(error, RuntimeError):  # gloo's, if another rank ended first: then one line
-        error = peer_lost(error)
+        error = peer_silent(peer_lost(error))
     if isinstance(error, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (Terminated)
         end_interrupted(error, tag)
     if isinstance(error, NothingToDo):
@@ -83,7 +83,9 @@ def peer_lost(error):
 def end_interrupted(error, tag):
     """Ctrl-C or SIGTERM: one line. Ctrl-C exits with 130; SIGTERM ends the process by
     SIGTERM itself, as torchrun and shells expect (143 in a shell, -15 in Python)."""
-    how = "SIGTERM" if isinstance(error, Terminated) else "Ctrl-C"
+    how = "Ctrl-C"
+    if isinstance(error, Terminated):
+        how = f"SIGTERM: {error}" if str(error) else "SIGTERM"
     sys.stderr.write(f"{tag}interrupted ({how}); the last checkpoint saved, if any, is whole\n")
     sys.stderr.flush()
     if isinstance(error, Terminated):
@@ -154,6 +156,16 @@ def not_locked(out, descriptor, error, say):
                          "or choose another --out")
     reason = "no flock here" if isinstance(error, AttributeError) else error.strerror or error
     say(f"{out} cannot be locked ({reason}): nothing stops another run from writing there")
+
+
+def ignore_rank_variables(names, say):
+    """A script of one process, started without torchrun in a shell that holds torchrun's
+    variables (left from an earlier export): one notice, and the variables leave this
+    process, so that no line is tagged with another rank's number."""
+    found = " ".join(f"{name}={os.environ.pop(name)}" for name in sorted(names)
+                     if name in os.environ)
+    say(f"notice: {found} set in the environment, but this script runs one process without "
+        "torchrun: ignored (unset them in the shell to silence this)")
 
 
 def os_error_in(error):
@@ -235,3 +247,33 @@ def launched_the_old_way(local_rank):
     if os.environ["LOCAL_RANK"] == "0":
         print("notice: --local-rank comes from the deprecated torch.distributed.launch; "
               "torchrun sets LOCAL_RANK instead", flush=True)
+
+
+def port_taken(error):
+    """The UsageError for a MASTER_PORT that rank 0 cannot listen on, since another program
+    (or another run) holds it; None for any other failure to form the group."""
+    text = str(error)
+    if "EADDRINUSE" not in text and "address already in use" not in text.lower():
+        return None
+    port, host = os.environ.get("MASTER_PORT", "?"), os.environ.get("MASTER_ADDR", "?")
+    return UsageError(f"MASTER_PORT {port} on {host} is in use by another program (EADDRINUSE): "
+                      "set MASTER_PORT to a free port, or start the script with torchrun "
+                      "--standalone, which picks one")
+
+
+def peer_silent(error):
+    """gloo's error when another rank did not answer within the timeout of a group that
+    ranks.init_process_group formed (the scripts' --timeout-s) as one line: that rank is
+    stopped, stuck, or slower than that. A PeerLost: this rank stops for want of that one,
+    which is the one to read about. Any other error as it is, and so a group made otherwise
+    (the lessons' own demonstrations) keeps gloo's traceback."""
+    import re
+    ranks = sys.modules.get("ddp_scripts.ranks")
+    timeout_s = ranks.GROUP.get("timeout_s") if ranks is not None else None
+    if timeout_s is None or not isinstance(error, RuntimeError) \
+            or not re.search(r"Timed out waiting \d+ ?ms", str(error)):
+        return error
+    return PeerLost(f"another rank did not answer within --timeout-s {timeout_s:g} "
+                    f"({type(error).__name__}: {first_line(error).split('] ')[-1]}): it is "
+                    "stopped (SIGSTOP, Ctrl-Z), stuck, or slower than that (raise --timeout-s "
+                    "if it is only slow); the last checkpoint saved, if any, is whole")

@@ -49,8 +49,8 @@ def init_process_group(device, timeout_s):
                                 timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None)
     except (dist.DistStoreError, dist.DistNetworkError) as error:  # a rank never came
-        from ddp_scripts.mishaps import ranks_missing
-        raise ranks_missing(error, timeout_s) from None
+        from ddp_scripts.mishaps import port_taken, ranks_missing
+        raise port_taken(error) or ranks_missing(error, timeout_s) from None
     GROUP["timeout_s"] = timeout_s  # a download the other ranks wait for ends well within it
     check_one_gpu_per_rank(device)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from ddp_scripts.cli import NothingToDo, UsageError, say
-from ddp_scripts.runfiles import (CHECKPOINT, SHARDED_CHECKPOINT, SUMMARY, logged_epochs,
-                                  metrics_rows)
+from ddp_scripts.runfiles import (CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs,
+                                  metrics_lines, metrics_rows)
 
 
 def load_checkpoint(path, expect=None):
@@ -41,6 +41,7 @@ def checkpoint_to_resume(out, epochs, identity, now):
         return start_again_without_checkpoint(out)  # train_fsdp.py's, or a crash before a save
     checkpoint = load_checkpoint(out / CHECKPOINT, expect=identity)
     check_resume(checkpoint, now, epochs, out / CHECKPOINT)
+    metrics_to_keep(out, checkpoint["epoch"], quiet=True)
     return checkpoint
 
 
@@ -93,6 +94,7 @@ def start_again_without_checkpoint(out):
     if (out / SHARDED_CHECKPOINT).exists():
         raise UsageError(f"{out} holds a train_fsdp.py run ({SHARDED_CHECKPOINT}): resume it "
                          "with train_fsdp.py, or pass --overwrite to start again")
+    metrics_to_keep(out, 0, quiet=True)  # a damaged line: refused, not trained over
     logged = logged_epochs(out)
     if logged == [1] and not (out / SUMMARY).exists():
         say(f"{out} holds epoch 1 but not its {CHECKPOINT} (cut short before it was saved): "
@@ -104,6 +106,42 @@ def start_again_without_checkpoint(out):
     else:
         say(f"{out} holds no run to resume: training from epoch 1")
     return None
+
+
+def metrics_to_keep(out, epoch, quiet=False):
+    """The lines of OUT/metrics.jsonl that a resume from a checkpoint of `epoch` (0: none)
+    keeps: epochs 1 to `epoch`, each whole and once, in order. Lines after them were logged
+    by a run cut short before its next checkpoint: those epochs are trained again, and a last
+    line cut short by that crash is dropped, with a word. Anything else is refused in one
+    line, never dropped: the log is the run's record. `quiet`: a check before the work starts
+    (checkpoint_to_resume), which leaves the word to the resume itself (start_out_dir)."""
+    path = Path(out) / METRICS
+    lines = metrics_lines(out)
+    kept, seen = [], {}
+    for number, row, text in lines:
+        if row is None:
+            if number == len(lines) and len(kept) == epoch:  # the crash's own line
+                if not quiet:
+                    when = f"after epoch {epoch}'s checkpoint" if epoch else "in epoch 1"
+                    say(f"{path}, line {number}, was cut short by the crash that stopped the "
+                        f"run {when} ({text}): dropped, its epoch is trained again")
+                continue
+            raise UsageError(f"{path}, line {number}, is damaged ({text}): restore it from a "
+                             "copy, or pass --overwrite to start again")
+        if row["epoch"] > epoch:
+            continue  # logged, not yet saved by a checkpoint: trained again
+        if row["epoch"] in seen:
+            raise UsageError(f"{path} logs epoch {row['epoch']} twice (lines "
+                             f"{seen[row['epoch']]} and {number}): remove the line that does not "
+                             "belong, or pass --overwrite to start again")
+        seen[row["epoch"]] = number
+        if row["epoch"] != len(kept) + 1:
+            break
+        kept.append(row)
+    if len(kept) != epoch:
+        raise UsageError(f"{path} lacks epoch {len(kept) + 1}, which the checkpoint (epoch "
+                         f"{epoch}) covers: restore that line, or pass --overwrite to start again")
+    return kept
 
 
 def check_same_data(out, source):

@@ -4,7 +4,7 @@ The training scripts write these files; the launcher, the benchmark, the noteboo
 tests read them. Nothing here imports torch, so the launcher stays quick to import.
 
     OUT/metrics.jsonl   one JSON object per finished epoch (the last line may be cut short
-                        by a crash: readers skip it)
+                        by a crash: readers skip it; a resume names it, see resume.py)
     OUT/checkpoint.pt   model, optimizer and epoch, written atomically after each epoch
                         (train_fsdp.py: the whole model gathered once, when the run ends)
     OUT/checkpoint.dcp/ train_fsdp.py's sharded checkpoint (torch.distributed.checkpoint),
@@ -29,27 +29,54 @@ ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
 ERROR_FILE_NAME = "error.json"
 
 
+def metrics_lines(out):
+    """OUT/metrics.jsonl line by line: (line number, row, text), where row is the line's dict,
+    or None for a line that is not one epoch's whole record (cut short by a crash, bytes that
+    are not UTF-8, an epoch that is not a whole number); text then says what is wrong."""
+    try:
+        data = (Path(out) / METRICS).read_bytes()
+    except FileNotFoundError:
+        return []
+    lines = []
+    for number, raw in enumerate(data.splitlines(), start=1):
+        try:
+            row = json.loads(raw.decode())
+        except UnicodeDecodeError:
+            lines.append((number, None, "not UTF-8 text"))
+            continue
+        except ValueError:
+            lines.append((number, None, "not whole JSON: cut short, or not a metrics line"))
+            continue
+        epoch = row.get("epoch") if isinstance(row, dict) else None
+        if type(epoch) is not int or epoch < 1:
+            lines.append((number, None, f"its epoch is {epoch!r}, not a whole number from 1"))
+            continue
+        lines.append((number, row, raw.decode()))
+    return lines
+
+
 def metrics_rows(out, strict=False):
     """OUT/metrics.jsonl as a list of dicts, one per logged epoch ([] before the first).
 
-    A line that is not whole JSON (a crash while writing it) is skipped, or with
-    `strict=True` raises ValueError: a finished run never has one.
+    A line that is not one epoch's whole record (metrics_lines) is skipped, or with
+    `strict=True` raises ValueError naming it: a finished run never has one.
     """
-    try:
-        lines = (Path(out) / METRICS).read_text().splitlines()
-    except FileNotFoundError:
-        return []
     rows = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-            row["epoch"]
-        except (ValueError, KeyError, TypeError):
-            if strict:
-                raise ValueError(f"{Path(out) / METRICS}: not a whole metrics line: {line!r}") from None
-            continue
-        rows.append(row)
+    for number, row, text in metrics_lines(out):
+        if row is None and strict:
+            raise ValueError(f"{Path(out) / METRICS}, line {number}: {text}")
+        if row is not None:
+            rows.append(row)
     return rows
+
+
+def holds_a_run(out):
+    """Whether OUT holds a run: a checkpoint, a summary, or a log with at least one line (a
+    run stopped in its first epoch leaves an empty log, and nothing trained)."""
+    out = Path(out)
+    metrics = out / METRICS
+    return (any((out / name).exists() for name in (CHECKPOINT, SHARDED_CHECKPOINT, SUMMARY))
+            or (metrics.exists() and (not metrics.is_file() or metrics.stat().st_size > 0)))
 
 
 def logged_epochs(out):

@@ -6,16 +6,25 @@ alone and a run stopped when ranks load different data; BatchNorm statistics ave
 of tests/scripts/same_gpu_probe.py, checks that two ranks given one GPU are refused over the
 group the run already has.
 """
+import contextlib
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 
+import psutil
 import pytest
 import torch
 
 from ddp_scripts.options import build_parser
 from ddp_scripts.models import build_model
-from ddp_scripts.checkpoints import save_checkpoint
+from ddp_scripts.checkpoints import append_metrics, save_checkpoint
 from ddp_scripts.launcher import run_command, torchrun_command
-from helpers import ROOT
+from ddp_scripts.mistakes.faults import saved_epoch_done, workers_of
+from helpers import ROOT, assert_one_line_error
 
 # Every test here reads the one run: on one test worker, which starts it once.
 pytestmark = pytest.mark.xdist_group("ranks_probe")
@@ -28,6 +37,8 @@ def seen(tmp_path_factory):
     (out / "rank0").mkdir()
     model = build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    for epoch in (1, 2, 3):  # the log of the epochs the checkpoint covers
+        append_metrics(out / "rank0", {"epoch": epoch})
     save_checkpoint(out / "rank0", model, optimizer, 3, args)  # 1 rank of 32: the probe's 2 x 16
     run_command(torchrun_command(str(ROOT / "tests" / "scripts" / "ranks_probe.py"), 2, [str(out)]),
                 timeout=300, echo=lambda line: None)
@@ -85,3 +96,84 @@ def test_a_rank_on_a_gpu_makes_it_current_before_the_group_forms(monkeypatch):
     gpu = torch.device("cuda", 1)
     ranks.init_process_group(gpu, timeout_s=5)
     assert calls == [("set_device", gpu), ("join", "nccl", gpu), ("check", gpu)]
+
+
+# ---------------------------------------------------------------------------------------
+# A group that cannot form, and a rank that stops answering
+# ---------------------------------------------------------------------------------------
+RUN = ["--dataset", "synthetic", "--device", "cpu", "--timeout-s", "10"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world_size", ["1", "2"])
+def test_a_master_port_in_use_is_one_line(world_size, tmp_path):
+    """torchrun's variables set by hand, and MASTER_PORT held by another program: rank 0
+    cannot listen there. One line names the port and the way out, at once (no wait for
+    --timeout-s), and no --out is left. In a process of its own: a group that failed to form
+    leaves torch.distributed's state unusable for later runs in the same process."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": world_size,
+               "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": world_size}
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "ddp_scripts" / "train_ddp.py"), *RUN, "--train-samples",
+             "64", "--test-samples", "32", "--epochs", "1", "--out", str(tmp_path / "run")],
+            env=env, capture_output=True, text=True, timeout=240)
+    assert_one_line_error(result, f"MASTER_PORT {port} on 127.0.0.1 is in use by another "
+                                  "program (EADDRINUSE): set MASTER_PORT to a free port")
+    assert not (tmp_path / "run").exists()
+
+
+def rank_process(out, rank):
+    """The worker writing to `out` whose RANK is `rank`, or None."""
+    for proc in workers_of(out):
+        with contextlib.suppress(psutil.Error):  # it has just ended
+            if proc.environ().get("RANK") == str(rank):
+                return proc
+    return None
+
+
+@pytest.mark.timeout(600)
+def test_a_stopped_rank_ends_the_run_and_is_not_left_behind(tmp_path):
+    """Rank 1 stopped by SIGSTOP after epoch 1 is saved: rank 0 waits --timeout-s at its next
+    collective, then stops with one line that says so. torchrun then sends rank 1 SIGTERM,
+    which a stopped process cannot act on; after torchrun's grace period (30 s) it sends
+    SIGKILL, which ends it, and torchrun ends."""
+    out, log = tmp_path / "run", tmp_path / "torchrun.log"
+    command = torchrun_command("train_ddp.py", 2, [*RUN, "--train-samples", "512",
+                                                   "--test-samples", "64", "--epochs", "1000",
+                                                   "--out", str(out)])
+    with open(log, "w") as output:
+        torchrun = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                    stdout=output, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+    stopped = None
+    try:
+        while stopped is None:
+            assert torchrun.poll() is None, log.read_text()[-3000:]
+            if saved_epoch_done(out, 1):
+                stopped = rank_process(out, 1)
+            time.sleep(0.1)
+        stopped.send_signal(signal.SIGSTOP)
+        torchrun.wait(timeout=480)
+        left = workers_of(out)
+    finally:  # whatever is left, stopped or not, ends here
+        for proc in workers_of(out):
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+        if torchrun.poll() is None:
+            torchrun.kill()
+            torchrun.wait()
+    output = log.read_text()
+    assert torchrun.returncode == 1, output[-3000:]
+    assert left == []
+    errors = [line for line in output.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        "[rank 0] error: another rank did not answer within --timeout-s 10 ("), output[-3000:]
+    assert "it is stopped (SIGSTOP, Ctrl-Z), stuck, or slower than that" in errors[0]
+    assert 'train_ddp.py", line' not in output  # no worker's traceback (torchrun's own stays)
+    assert f"Signal 9 (SIGKILL) received by PID {stopped.pid}" in output

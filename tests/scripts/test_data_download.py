@@ -29,7 +29,8 @@ class Trickle(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def slow_host():
+def slow_host(monkeypatch):
+    direct(monkeypatch)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
     server.daemon_threads = True
     Trickle.stop.clear()
@@ -97,6 +98,21 @@ def offline(monkeypatch, proxy="http://127.0.0.1:9"):
         monkeypatch.delenv(name, raising=False)
     for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         monkeypatch.setenv(name, proxy)
+    new_opener(monkeypatch)
+
+
+def new_opener(monkeypatch):
+    """urlopen keeps the opener it built first, with the proxies of that moment: the next
+    one is built anew, from the environment as it is now."""
+    import urllib.request
+    monkeypatch.setattr(urllib.request, "_opener", None)
+
+
+def direct(monkeypatch):
+    """Downloads from 127.0.0.1 go to it, not through a proxy the environment may name."""
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.setenv(name, "127.0.0.1")
+    new_opener(monkeypatch)
 
 
 def test_batches_meta_counts_as_part_of_the_unpacked_files():
@@ -278,3 +294,247 @@ def test_an_archive_put_in_place_by_hand_is_unpacked_and_read(tmp_path, monkeypa
     assert sorted(path.name for path in tmp_path.iterdir()) == \
         sorted([".download.lock", cifar10.ARCHIVE, Read.base_folder])
     assert capsys.readouterr().out == ""
+
+
+# --- a data folder that cannot be written, and Ctrl-C during the download -----------------
+
+def mini_cifar(monkeypatch, per_batch=16):
+    """A small CIFAR-10 in torchvision's own format (its six pickled batches of `per_batch`
+    images, and batches.meta), as {name: bytes}, and its archive's bytes. CIFAR10's lists of
+    files, and ARCHIVE_MD5, are made to carry their MD5s: torchvision reads it as the real one."""
+    import hashlib
+    import io
+    import pickle
+    import tarfile
+
+    import numpy as np
+    from torchvision.datasets import CIFAR10
+    rng = np.random.default_rng(0)
+    files = {name: pickle.dumps({"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                                 "labels": rng.integers(0, 10, per_batch).tolist()})
+             for name, _ in CIFAR10.train_list + CIFAR10.test_list}
+    files["batches.meta"] = pickle.dumps({"label_names": [f"class {n}" for n in range(10)]})
+    md5 = {name: hashlib.md5(content).hexdigest() for name, content in files.items()}
+    for listed in ("train_list", "test_list"):
+        monkeypatch.setattr(CIFAR10, listed,
+                            [[name, md5[name]] for name, _ in getattr(CIFAR10, listed)])
+    monkeypatch.setattr(CIFAR10, "meta", {**CIFAR10.meta, "md5": md5["batches.meta"]})
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        for name, content in files.items():
+            info = tarfile.TarInfo(f"{CIFAR10.base_folder}/{name}")
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    monkeypatch.setattr(cifar10, "ARCHIVE_MD5", hashlib.md5(archive.getvalue()).hexdigest())
+    return files, archive.getvalue()
+
+
+def unpack_mini_cifar(monkeypatch, data_dir):
+    from torchvision.datasets import CIFAR10
+    files, _ = mini_cifar(monkeypatch)
+    (data_dir / CIFAR10.base_folder).mkdir(parents=True)
+    for name, content in files.items():
+        (data_dir / CIFAR10.base_folder / name).write_bytes(content)
+
+
+def make_read_only(folder, how, monkeypatch):
+    """`folder` made read-only: by its mode ("mode 555"; root writes there all the same), or
+    as a read-only disk is, by os.open and os.mkdir failing there with EROFS ("read-only
+    disk"), as root sees it too."""
+    import errno
+    if how == "mode 555":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a folder of mode 555")
+        folder.chmod(0o555)
+        return
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def inside(path):
+        path = os.path.abspath(os.fsdecode(path))
+        return os.path.commonpath([path, str(folder)]) == str(folder)
+
+    def read_only_disk(path):
+        raise OSError(errno.EROFS, "Read-only file system", os.fsdecode(path))
+
+    def open_there(path, flags, *args, **kwargs):
+        if inside(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            read_only_disk(path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def mkdir_there(path, *args, **kwargs):
+        if inside(path) and not os.path.isdir(path):
+            read_only_disk(path)
+        return real_mkdir(path, *args, **kwargs)
+    monkeypatch.setattr(os, "open", open_there)
+    monkeypatch.setattr(os, "mkdir", mkdir_there)
+
+
+@pytest.fixture
+def restore_mode(tmp_path):
+    yield
+    if (tmp_path / "data").exists():
+        (tmp_path / "data").chmod(0o755)  # for pytest's clean-up
+
+
+READ_ONLY = pytest.mark.parametrize("how, cause", [("read-only disk", "Read-only file system"),
+                                                   ("mode 555", "Permission denied")])
+CIFAR_RUN = ["--dataset", "cifar10", "--no-synthetic-fallback", "--epochs", "1", "--train-samples",
+             "64", "--test-samples", "16", "--device", "cpu"]
+
+
+@READ_ONLY
+@pytest.mark.parametrize("below", [False, True], ids=["the folder", "a folder to make in it"])
+def test_a_data_dir_that_cannot_be_written_is_named_as_the_cause(
+        tmp_path, monkeypatch, restore_mode, how, cause, below):
+    """train_single.py --dataset cifar10 --no-synthetic-fallback --data-dir READ_ONLY[/below]:
+    one line that says the folder cannot be written and what to do, and no notice about a
+    download lock before it; nothing is written there."""
+    from helpers import run_in_process
+    data = tmp_path / "data"
+    data.mkdir()
+    data_dir = data / "below" if below else data
+    make_read_only(data, how, monkeypatch)
+    offline(monkeypatch)
+    result = run_in_process("train_single.py", *CIFAR_RUN, "--data-dir", data_dir,
+                            "--out", tmp_path / "run")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    [line] = result.stderr.splitlines()
+    assert line == (f"error: CIFAR-10 could not be loaded from {str(data_dir)!r} ({data_dir}/ "
+                    f"cannot be written ({cause}): CIFAR-10 cannot be downloaded or unpacked "
+                    "there; pass another --data-dir, or place the unpacked cifar-10-batches-py/ "
+                    "in it); --no-synthetic-fallback: not training on the synthetic set"), line
+    assert "lock" not in result.stdout, result.stdout
+    assert list(data.iterdir()) == []
+
+
+@READ_ONLY
+def test_whole_files_in_a_data_dir_that_cannot_be_written_are_read_without_a_word(
+        tmp_path, monkeypatch, restore_mode, how, cause):
+    from helpers import run_in_process
+    data_dir = tmp_path / "data"
+    unpack_mini_cifar(monkeypatch, data_dir)
+    before = sorted(data_dir.rglob("*"))
+    make_read_only(data_dir, how, monkeypatch)
+    offline(monkeypatch)  # a download would fail
+    result = run_in_process("train_single.py", *CIFAR_RUN, "--data-dir", data_dir,
+                            "--out", tmp_path / "run")
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert result.stdout.splitlines()[0] == "[rank 0] training on cpu", result.stdout
+    assert "lock" not in result.stdout and "could not" not in result.stdout
+    assert sorted(data_dir.rglob("*")) == before
+
+
+def test_a_download_into_a_folder_that_cannot_be_written_names_that_not_the_clean_up(
+        slow_host, tmp_path, monkeypatch):
+    """fetch_archive on its own: the .part file cannot be made (EROFS), and the clean-up,
+    which would fail there too, does not hide that."""
+    import errno
+
+    def read_only_disk(path, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+    monkeypatch.setattr(cifar10, "open", read_only_disk, raising=False)
+    monkeypatch.setattr(os, "unlink", read_only_disk)
+    with pytest.raises(OSError) as raised:
+        cifar10.fetch_archive(tmp_path, url=slow_host, limit_s=60)
+    assert str(raised.value).startswith(f"download of {cifar10.ARCHIVE} failed ([Errno 30] "
+                                        "Read-only file system: "), raised.value
+
+
+class Host(http.server.BaseHTTPRequestHandler):
+    """The archive's host: sends `archive` whole, or while it is None, one byte at a time
+    until `stop` is set. `asked` is set at each request."""
+    archive, asked, stop = None, threading.Event(), threading.Event()
+
+    def do_GET(self):
+        self.asked.set()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.archive or b"") or cifar10.ARCHIVE_BYTES))
+        self.end_headers()
+        try:
+            if self.archive is not None:
+                self.wfile.write(self.archive)
+            while self.archive is None and not self.stop.wait(0.05):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+        except OSError:  # the downloader has gone
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def host():
+    """A Host of this test's own, on 127.0.0.1: (its handler class, the archive's URL)."""
+    handler = type("Host", (Host,), {"archive": None, "asked": threading.Event(),
+                                     "stop": threading.Event()})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield handler, f"http://127.0.0.1:{server.server_address[1]}/{cifar10.ARCHIVE}"
+    handler.stop.set()
+    server.shutdown()
+    server.server_close()
+
+
+# train_single.py as `python ddp_scripts/train_single.py ARGS` runs it, downloading from URL:
+# python -c DOWNLOADING_FROM ddp_scripts/train_single.py URL ARGS
+DOWNLOADING_FROM = """
+import runpy, sys
+from ddp_scripts import cifar10
+cifar10.fetch_archive.__defaults__ = (sys.argv[2], None, None)
+sys.argv[:] = [sys.argv[1], *sys.argv[3:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_during_the_download_leaves_no_part_no_lock_and_no_process(tmp_path, host,
+                                                                           monkeypatch):
+    """Ctrl-C while train_single.py downloads CIFAR-10 (from a slow local host): one line,
+    exit status 130; no .part file, nor anything a later run could take for the archive; the
+    download lock free; nothing left running. A later run, whose host sends the archive
+    whole, downloads, unpacks and trains."""
+    import fcntl
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ddp_scripts.mistakes.faults import processes_mentioning
+    from helpers import ROOT, run_in_process
+    handler, url = host
+    data_dir = tmp_path / "data"
+    direct(monkeypatch)
+    process = subprocess.Popen(
+        [sys.executable, "-c", DOWNLOADING_FROM, "ddp_scripts/train_single.py", url, *CIFAR_RUN,
+         "--data-dir", str(data_dir), "--out", str(tmp_path / "run")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # A shell's background job (CI's, say) starts with SIGINT ignored, and a child keeps
+        # that: Python then installs no KeyboardInterrupt. A terminal's Ctrl-C finds it default.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert handler.asked.wait(240), "no download was asked for"
+        while not list(data_dir.glob("*.part")) and process.poll() is None:
+            time.sleep(0.05)  # the host has answered: the .part file comes at once
+        assert process.poll() is None, process.communicate()
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate()  # no clock of its own: pytest-timeout ends a hang
+    finally:
+        process.kill()  # no stray process if an assertion or the timeout ends the test
+    assert process.returncode == 130, (stdout, stderr)
+    assert stderr.splitlines() == ["interrupted (Ctrl-C); the last checkpoint saved, if any, is "
+                                   "whole"], stderr
+    assert [path.name for path in data_dir.iterdir()] == [".download.lock"]
+    with open(data_dir / ".download.lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if still held
+    assert processes_mentioning(str(data_dir)) == []
+
+    handler.archive = mini_cifar(monkeypatch)[1]
+    monkeypatch.setattr(cifar10.fetch_archive, "__defaults__", (url, 60, 30))
+    result = run_in_process("train_single.py", *CIFAR_RUN, "--data-dir", data_dir,
+                            "--out", tmp_path / "run")
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert cifar10.unpacked_state(data_dir) == (True, "")
+    assert sorted(path.name for path in data_dir.iterdir()) == \
+        sorted([".download.lock", cifar10.ARCHIVE, "cifar-10-batches-py"])

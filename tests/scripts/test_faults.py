@@ -102,6 +102,7 @@ def test_crash_during_a_save_leaves_the_last_checkpoint_whole(tmp_path):
     args = build_parser("test").parse_args(["--out", str(tmp_path), "--dataset", "synthetic"])
     model = build_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    append_metrics(tmp_path, {"epoch": 1})
     save_checkpoint(tmp_path, model, optimizer, 1, args)
     before = (tmp_path / CHECKPOINT).read_bytes()
     crash = f"""

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from torch.distributed.checkpoint import CheckpointException
 from ddp_scripts import checkpoints, fsdp_out
 from ddp_scripts.measure import benchmark
 from ddp_scripts.checkpoints import prepare_out_dir, start_out_dir, write_atomically
+from ddp_scripts.devices import set_cpu_threads
 from ddp_scripts.cli import NothingToDo, RunStopped, UsageError, let_go_of_folders
 from ddp_scripts.mistakes.faults import processes_mentioning
 from ddp_scripts.launcher import LaunchError, failure, run_command, run_script, torchrun_command
@@ -384,6 +386,87 @@ def test_a_logged_run_without_its_checkpoint_is_refused_not_restarted(finished, 
     assert files_in(out) == before
 
 
+def damage(out, line, how):
+    """Damage one line (0-based) of OUT/metrics.jsonl as a crash, a disk or a hand might."""
+    lines = (out / METRICS).read_bytes().splitlines(keepends=True)
+    lines[line] = {"cut": lambda text: text[:-100] + b"\n",       # the last 100 bytes lost
+                   "half": lambda text: text[:len(text) // 2] + b"\n",
+                   "bytes": lambda text: b"\xff\xfe" + text[2:],  # not UTF-8
+                   "string": lambda text: text.replace(b'"epoch": ', b'"epoch": "', 1).replace(
+                       b", ", b'", ', 1),                          # "epoch": "2"
+                   "twice": lambda text: text + text}[how](lines[line])
+    (out / METRICS).write_bytes(b"".join(lines))
+
+
+@pytest.mark.parametrize("line, how, fragment", [
+    (1, "cut", "line 2, is damaged (not whole JSON"),          # the last line cut short
+    (0, "half", "line 1, is damaged (not whole JSON"),         # the first line half-written
+    (0, "bytes", "line 1, is damaged (not UTF-8 text)"),
+    (1, "string", "line 2, is damaged (its epoch is '2', not a whole number from 1)"),
+    (0, "twice", "logs epoch 1 twice (lines 1 and 2)"),
+])
+def test_a_damaged_metrics_line_is_refused_not_dropped(finished, tmp_path, line, how, fragment):
+    """A resume keeps the log whole: a damaged or doubled line of the epochs it keeps is one
+    line and exit 2, with the way out, and every file is left as it was."""
+    out = copy_of(finished, tmp_path)
+    damage(out, line, how)
+    before = files_in(out)
+    result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", out)
+    assert_one_line_error(result, f"{out / METRICS}", fragment, "--overwrite")
+    assert "resuming" not in result.stdout  # refused before the resume starts
+    assert files_in(out) == before
+
+
+def test_a_metrics_line_cut_short_after_the_checkpoint_is_dropped_with_a_word(finished, tmp_path):
+    """A crash while epoch 3 was logged, before its checkpoint: that epoch is trained again,
+    and the cut line goes, said in one line."""
+    out = copy_of(finished, tmp_path)
+    with open(out / METRICS, "a") as log:
+        log.write('{"epoch": 3, "train_lo')
+    result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert f"{out / METRICS}, line 3, was cut short by the crash that stopped the run after " \
+           "epoch 2's checkpoint (not whole JSON" in result.stdout
+    assert logged_epochs(out) == [1, 2, 3]
+    assert metrics_rows(out, strict=True)
+
+
+def test_a_metrics_line_missing_is_refused(finished, tmp_path):
+    out = copy_of(finished, tmp_path)
+    lines = (out / METRICS).read_text().splitlines(keepends=True)
+    (out / METRICS).write_text(lines[1])
+    result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", out)
+    assert_one_line_error(result, "lacks epoch 1, which the checkpoint (epoch 2) covers")
+
+
+def test_a_damaged_line_without_a_checkpoint_is_refused_too(tmp_path):
+    """No checkpoint yet: a damaged line that is not the log's last is refused, not wiped by
+    a start from epoch 1."""
+    (tmp_path / METRICS).write_bytes(b'{"epoch": 1, "tr\n{"epoch": 1}\n')
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--resume", "--out", tmp_path)
+    assert_one_line_error(result, "line 1, is damaged")
+    assert (tmp_path / METRICS).read_bytes() == b'{"epoch": 1, "tr\n{"epoch": 1}\n'
+
+
+def test_a_strict_reader_names_the_damaged_line(tmp_path):
+    (tmp_path / METRICS).write_bytes(b'{"epoch": 1}\n\xff\n')
+    with pytest.raises(ValueError, match=r"line 2: not UTF-8 text"):
+        metrics_rows(tmp_path, strict=True)
+    assert logged_epochs(tmp_path) == [1]
+
+
+def test_a_folder_with_only_an_empty_log_is_not_a_run(tmp_path):
+    """Ctrl-C in epoch 1 leaves an empty metrics.jsonl: nothing trained, so the same command
+    starts again without --resume."""
+    (tmp_path / METRICS).write_bytes(b"")
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert logged_epochs(tmp_path) == [1]
+    (tmp_path / METRICS).write_bytes(b"\n")  # a byte is a log that holds something
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", tmp_path)
+    assert_one_line_error(result, "already holds a run")
+
+
 def test_a_crash_before_the_first_checkpoint_starts_again(tmp_path):
     """Epoch 1 logged, its checkpoint never written: nothing is lost by training it again."""
     checkpoints.append_metrics(tmp_path, {"epoch": 1})
@@ -400,6 +483,9 @@ def test_the_sharded_checkpoint_is_held_to_the_same_rules(tmp_path):
     info = {"epoch": 2, "identity": fsdp_out.sharded_identity(args), "lr": 0.01, "momentum": 0.9,
             "world_size": 1, "global_batch_size": 32}
     (folder / fsdp_out.CHECKPOINT_INFO).write_text(json.dumps(info))
+    with pytest.raises(UsageError, match="lacks epoch 1, which the checkpoint"):  # the log lost
+        fsdp_out.prepare_out_dir(args, 32)
+    (tmp_path / METRICS).write_text('{"epoch": 1}\n{"epoch": 2}\n')
     assert fsdp_out.prepare_out_dir(args, 32)["epoch"] == 2
     args.lr = 5.0
     with pytest.raises(UsageError, match="was trained with --lr 0.01 and this run asks for 5.0"):
@@ -465,8 +551,24 @@ def test_torchrun_s_variables_are_checked_together(tmp_path, monkeypatch, env, f
 
 def test_a_local_world_size_of_zero_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "0")
-    result = run_in_process("train_single.py", *RUN, "--out", tmp_path / "run")
-    assert_one_line_error(result, "LOCAL_WORLD_SIZE must be a whole number, 1 or more, got '0'")
+    with pytest.raises(UsageError, match="LOCAL_WORLD_SIZE must be a whole number, 1 or more, "
+                                         "got '0'"):
+        set_cpu_threads()
+
+
+def test_torchrun_s_variables_left_in_a_shell_are_one_notice(tmp_path, monkeypatch):
+    """RANK=1 WORLD_SIZE=2 (and a LOCAL_WORLD_SIZE of 0) left from an earlier export: a script
+    of one process says so once, ignores them, and tags no line with another rank's number."""
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "0"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if "notice: LOCAL_WORLD_SIZE=0 RANK=1 WORLD_SIZE=2 set in the "
+            "environment, but this script runs one process without torchrun: ignored" in line]
+    assert all(line.startswith("[rank 0] ") for line in lines), result.stdout
+    assert logged_epochs(tmp_path / "run") == [1]
 
 
 def test_an_error_file_that_cannot_be_written_keeps_the_line_and_the_exit_status(tmp_path,
@@ -536,6 +638,39 @@ def test_sigterm_to_torchrun_reaches_every_worker_and_keeps_the_files(tmp_path):
     assert epoch >= 1 and logged_epochs(out)[:epoch] == list(range(1, epoch + 1))
     assert not (out / SUMMARY).exists() and not (out / checkpoints.LOCK).exists()
     assert processes_mentioning(str(out)) == []  # torchrun has ended its workers
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_sigkill_to_torchrun_ends_its_workers(tmp_path):
+    """SIGKILL to torchrun, which it cannot pass on: each worker asked Linux for SIGTERM when
+    torchrun ends (cli.end_with_parent), says why in one line, and nothing trains on."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(ROOT / "ddp_scripts" / "train_ddp.py"), *RUN, "--train-samples", "2048",
+               "--epochs", "100", "--out", str(out)]
+    log = open(tmp_path / "output", "w+")
+    torchrun = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while not (out / CHECKPOINT).exists():  # epoch 1 saved: the workers are training
+            assert torchrun.poll() is None, (tmp_path / "output").read_text()
+            time.sleep(0.1)
+        torchrun.kill()
+        torchrun.wait()
+        for _ in range(600):  # a hang guard of 60 s, not a measure: they end in well under 1 s
+            if not processes_mentioning(str(out)):
+                break
+            time.sleep(0.1)
+        assert processes_mentioning(str(out)) == []
+    finally:
+        for proc in processes_mentioning(str(out)):  # only if a step above failed
+            proc.kill()
+        log.close()
+    output = (tmp_path / "output").read_text()
+    said = [line for line in output.splitlines() if "interrupted (SIGTERM: torchrun, which "
+            "started this process, has ended); the last checkpoint saved, if any, is whole" in line]
+    assert sorted(line.split("]")[0] for line in said) == ["[rank 0", "[rank 1"], output
+    epoch = load_checkpoint(out / CHECKPOINT)["epoch"]
+    assert logged_epochs(out)[:epoch] == list(range(1, epoch + 1)) and epoch < 100
 
 
 def test_an_out_that_cannot_be_made_is_one_line_per_rank_under_ddp(tmp_path):
