@@ -90,6 +90,7 @@ def prepare_out_dir(args):
     resume from, or None. Under DDP rank 0 calls it (on_rank_0) and tells the others."""
     out = Path(args.out)
     claim_out_dir(out)
+    refuse_odd_files(out)
     if holds_a_run(out) and not (args.resume or args.overwrite):
         raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
                          "--overwrite to replace it, or choose another --out")
@@ -97,6 +98,14 @@ def prepare_out_dir(args):
         return None
     from ddp_scripts.resume import checkpoint_to_resume  # the checks of a resume, only then
     return checkpoint_to_resume(out, args.epochs, run_identity(args), training_settings(args))
+
+
+def refuse_odd_files(out):
+    """One line, before any work, where a name of the run's files is taken by a folder (or a
+    socket, say): neither a resume nor --overwrite could go on with it."""
+    for name in (METRICS, CHECKPOINT, SUMMARY):
+        if (out / name).exists() and not (out / name).is_file():
+            raise UsageError(f"{out / name} is not a file: move it away, or choose another --out")
 
 
 def start_out_dir(args, checkpoint):

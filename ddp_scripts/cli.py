@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 
 from ddp_scripts.mishaps import NothingToDo, RunStopped, Terminated, UsageError, first_line
@@ -18,6 +19,7 @@ __all__ = ["FAST_EXIT", "HELD_FOLDERS", "NothingToDo", "RunStopped", "Terminated
 
 
 def _terminated(*signal_and_frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the parent-death signal may come again
     raise Terminated("torchrun, which started this process, has ended"
                      if "TORCHELASTIC_RUN_ID" in os.environ and parent_ended() else "")
 
@@ -68,24 +70,43 @@ def run_cli(main):
     traceback and 1. Failures also go to torchrun's error file (runfiles.py), where torchrun
     and the launcher read which rank failed and why (mishaps.end_early)."""
     previous = signal.signal(signal.SIGTERM, _terminated)  # in the main thread: a script's
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker of torchrun: it ends when torchrun does
-        end_with_parent()
-        if os.getppid() != PARENT:  # torchrun was gone already, before the call
-            os.kill(os.getpid(), signal.SIGTERM)
+    if "TORCHELASTIC_RUN_ID" in os.environ and end_with_parent is not None:  # a worker of
+        end_with_parent()  # torchrun: it ends when torchrun does
+        threading.Thread(target=_end_if_orphaned, daemon=True).start()
     try:
         try:
             main()
-        finally:  # the process may go on (a test runs the script in its own process)
+        finally:
             let_go_of_folders()
-            signal.signal(signal.SIGTERM, previous)
     except (Exception, KeyboardInterrupt) as error:
         from ddp_scripts.mishaps import end_early  # only a run that did not go as planned
         end_early(error, say)  # exits, unless the error is none of the above:
         raise
+    finally:  # the process may go on (a test runs the script in its own process)
+        signal.signal(signal.SIGTERM, previous)
     if os.environ.get(FAST_EXIT) == "1":
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _end_if_orphaned(grace_s=10.0):
+    """A torchrun worker's watch. Once torchrun has ended, its SIGTERM ends the run with one
+    line; but Python runs a signal handler only between steps of its own, not while the
+    process waits in C++ (for the rendezvous, say, up to --timeout-s). So, `grace_s` after
+    torchrun ended, if the handler has still not run, this thread says the line and ends the
+    process, with exit status 143 (128 + SIGTERM). A torchrun that ended before this process
+    imported cli.py (PARENT is then already its new parent) goes unnoticed: that process ends
+    at --timeout-s."""
+    while os.getppid() == PARENT:
+        time.sleep(1.0)
+    time.sleep(grace_s)
+    if signal.getsignal(signal.SIGTERM) is _terminated:  # the handler has not run
+        sys.stderr.write(f"[rank {os.environ.get('RANK', '0')}] interrupted (SIGTERM: torchrun, "
+                         "which started this process, has ended; ended at once, in a wait that "
+                         "Python could not interrupt); the last checkpoint saved, if any, is whole\n")
+        sys.stderr.flush()
+        os._exit(128 + signal.SIGTERM)  # as a shell reports a process ended by SIGTERM
 
 
 if sys.platform == "linux":
@@ -94,15 +115,13 @@ if sys.platform == "linux":
     # child between fork and exec, where little more than a call is safe
 
     def end_with_parent():
-        """Ask Linux to send this process SIGTERM when its parent ends (PR_SET_PDEATHSIG): a
-        torchrun killed by SIGKILL, or a notebook kernel that dies, then takes its workers
-        with it instead of leaving them to train on (torchrun cannot pass SIGKILL on: it
-        cannot be caught)."""
+        """Ask Linux to send this process SIGTERM when its parent ends (PR_SET_PDEATHSIG;
+        strictly, when the parent's thread that started it exits, and it may come again as
+        the parent's other threads exit): a torchrun killed by SIGKILL, which it cannot pass
+        on, or a notebook kernel that dies, then takes its workers with it."""
         _prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-else:
-    def end_with_parent():
-        """No parent-death signal outside Linux: a worker whose torchrun was killed by SIGKILL
-        trains on until it is ended by its own process id (chapter 8)."""
+else:  # no parent-death signal: a worker whose torchrun was killed trains on (chapter 8)
+    end_with_parent = None
 
 
 def say(message):

@@ -32,7 +32,7 @@ from ddp_scripts.checkpoints import (append_metrics, claim_out_dir, epoch_record
 from ddp_scripts.cli import UsageError, first_line, say
 from ddp_scripts.resume import (check_same_training, load_checkpoint, metrics_to_keep,
                                 stop_if_nothing_to_do)
-from ddp_scripts.runfiles import (CHECKPOINT, SHARDED_CHECKPOINT, holds_a_run,
+from ddp_scripts.runfiles import (CHECKPOINT, SHARDED_CHECKPOINT, SUMMARY, holds_a_run,
                                   logged_epochs, metrics_rows)
 from ddp_scripts.sharding import bytes_per_rank
 
@@ -56,6 +56,7 @@ def prepare_out_dir(args, global_batch_size):
     rank 0 calls it (on_rank_0)."""
     out = Path(args.out)
     claim_out_dir(out)
+    checkpoints.refuse_odd_files(out)
     if holds_a_run(out) and not (args.resume or args.overwrite):
         raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
                          "--overwrite to replace it, or choose another --out")
@@ -69,6 +70,10 @@ def prepare_out_dir(args, global_batch_size):
             raise UsageError(f"{out} holds a run of another script ({strategy}, {CHECKPOINT}): "
                              "resume it with that script, or pass --overwrite")
         metrics_to_keep(out, 0, quiet=True)  # a damaged line: refused, not trained over
+        if logged_epochs(out) == [1] and not previous.exists() and not (out / SUMMARY).exists():
+            say(f"{out} holds epoch 1 but not its {SHARDED_CHECKPOINT} (cut short before it "
+                "was saved): training from epoch 1 again")  # as resume.py does for the others
+            return None
         if logged_epochs(out):  # starting again would throw away epochs that were trained
             hint = (f"rename {previous.name} to {folder.name}" if previous.exists()
                     else "restore it")
@@ -160,8 +165,8 @@ def cut_short(folder):
         except OSError:  # missing: DCP's own error names it
             continue
         if held < size:
-            return (f"{name} is {held:,} bytes; the checkpoint's index needs {size:,}: "
-                    "it was cut short")
+            return (f"{name} is {held:,} bytes; the checkpoint's index needs {size:,}: it was "
+                    "cut short, or is not this checkpoint's file")
     return None
 
 

@@ -202,8 +202,10 @@ def run_command(command, timeout=600, progress="auto", out=None, total_epochs=No
     exit status and why, from the ranks' error files), LaunchTimeout, or KeyboardInterrupt
     (after cleaning up) on an interrupt. With `out` and `total_epochs`, an interactive
     notebook shows a progress bar that follows OUT/metrics.jsonl. Once the command has
-    exited, whatever it left running (a background child that keeps its output open) is
-    ended too, and the command's own exit status counts.
+    exited, what it left running in its session, or among the processes seen as its
+    descendants (a background child that keeps its output open, say), is ended too, and the
+    command's own exit status counts. A process that left the session with setsid once its
+    parent had ended cannot be found: it runs on.
     """
     # Where failures are recorded: torchrun's --log-dir for its workers' error files; the
     # variable, for a single process (or for torchrun's own failure, such as a rendezvous
@@ -224,7 +226,7 @@ def run_command(command, timeout=600, progress="auto", out=None, total_epochs=No
                                     env=full_env, start_new_session=True, bufsize=1,
                                     # should the notebook's kernel die (killed, out of memory), Linux sends
                                     # torchrun SIGTERM, and torchrun ends its workers
-                                    preexec_fn=end_with_parent if sys.platform == "linux" else None)
+                                    preexec_fn=end_with_parent)
         tree = _Tree(process)
         reader = queue.Queue()
         threading.Thread(target=_pump, args=(process.stdout, reader), daemon=True).start()
@@ -287,8 +289,9 @@ def _next_line(reader, until):
         return False
 
 
-# torchrun's own error when its rendezvous port is in use: torch >= 2.3 says "port: 29500 ...
-# EADDRINUSE", older versions "bind to [::]:29500 (errno: 98 - Address already in use)".
+# torchrun's own error when its rendezvous port is in use: torch >= 2.4 (its libuv TCPStore)
+# says "port: 29500 ... EADDRINUSE", older versions "bind to [::]:29500 (errno: 98 - Address
+# already in use)".
 ADDRESS_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
 PORT_IN_MESSAGE = re.compile(r"port: (\d+)|:(\d+) \(errno")
 

@@ -50,6 +50,11 @@ def end_early(error, say):
     rank = os.environ.get("RANK")  # checked by ranks.require_torchrun, if the script needs it
     rank = int(rank) if rank and rank.isdigit() else None
     tag = f"[rank {rank}] " if rank is not None else ""
+    interrupt = error.__context__  # Ctrl-C or SIGTERM mid-save: torch.save's writer fails on
+    while interrupt is not None and not isinstance(interrupt, KeyboardInterrupt):  # its way out,
+        interrupt = interrupt.__context__  # and its error hides the interrupt
+    if interrupt is not None and not isinstance(error, KeyboardInterrupt):
+        error = interrupt
     if isinstance(error, RuntimeError):  # gloo's, if another rank ended first: then one line
         error = peer_silent(peer_lost(error))
     if isinstance(error, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (Terminated)
@@ -161,7 +166,8 @@ def not_locked(out, descriptor, error, say):
 def ignore_rank_variables(names, say):
     """A script of one process, started without torchrun in a shell that holds torchrun's
     variables (left from an earlier export): one notice, and the variables leave this
-    process, so that no line is tagged with another rank's number."""
+    process, so that no later line is tagged with another rank's number (pick_device calls
+    it, after the options are checked)."""
     found = " ".join(f"{name}={os.environ.pop(name)}" for name in sorted(names)
                      if name in os.environ)
     say(f"notice: {found} set in the environment, but this script runs one process without "

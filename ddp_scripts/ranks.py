@@ -29,6 +29,10 @@ def require_torchrun(script):
     if all(text.isdigit() for text in value):
         rank, world, local_rank, local_world = map(int, value)
         if rank < world and local_rank < local_world <= world:
+            if not {"MASTER_ADDR", "MASTER_PORT"} <= os.environ.keys():  # set by hand, in part
+                raise UsageError("MASTER_ADDR or MASTER_PORT is not set, although RANK and "
+                                 "WORLD_SIZE are: set both (rank 0's address and a free port), "
+                                 "or start the script with torchrun, which sets them")
             return
     from ddp_scripts.mishaps import not_started_by_torchrun
     raise not_started_by_torchrun(script, names)

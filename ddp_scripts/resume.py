@@ -112,19 +112,20 @@ def metrics_to_keep(out, epoch, quiet=False):
     """The lines of OUT/metrics.jsonl that a resume from a checkpoint of `epoch` (0: none)
     keeps: epochs 1 to `epoch`, each whole and once, in order. Lines after them were logged
     by a run cut short before its next checkpoint: those epochs are trained again, and a last
-    line cut short by that crash is dropped, with a word. Anything else is refused in one
-    line, never dropped: the log is the run's record. `quiet`: a check before the work starts
-    (checkpoint_to_resume), which leaves the word to the resume itself (start_out_dir)."""
+    line that is not whole (a crash as it was written, say) is dropped, with a word. Anything
+    else is refused in one line, never dropped: the log is the run's record. `quiet`: a check
+    before the work starts (checkpoint_to_resume), which leaves the word to the resume itself
+    (start_out_dir)."""
     path = Path(out) / METRICS
     lines = metrics_lines(out)
     kept, seen = [], {}
-    for number, row, text in lines:
+    for index, (number, row, text) in enumerate(lines):
         if row is None:
-            if number == len(lines) and len(kept) == epoch:  # the crash's own line
+            if index == len(lines) - 1 and len(kept) == epoch:  # a crash's own line, likely
                 if not quiet:
-                    when = f"after epoch {epoch}'s checkpoint" if epoch else "in epoch 1"
-                    say(f"{path}, line {number}, was cut short by the crash that stopped the "
-                        f"run {when} ({text}): dropped, its epoch is trained again")
+                    when = f"after epoch {epoch}'s checkpoint" if epoch else "before any checkpoint"
+                    say(f"{path}, line {number}, is not whole ({text}), and the run stopped "
+                        f"{when}: the line is dropped, and its epoch trained again")
                 continue
             raise UsageError(f"{path}, line {number}, is damaged ({text}): restore it from a "
                              "copy, or pass --overwrite to start again")
@@ -136,7 +137,12 @@ def metrics_to_keep(out, epoch, quiet=False):
                              "belong, or pass --overwrite to start again")
         seen[row["epoch"]] = number
         if row["epoch"] != len(kept) + 1:
-            break
+            if not any(later is not None and later["epoch"] == len(kept) + 1
+                       for _, later, _ in lines[index:]):
+                break  # that epoch is nowhere: said below
+            raise UsageError(f"{path}, line {number}, logs epoch {row['epoch']} where epoch "
+                             f"{len(kept) + 1} was due: put the lines in order, or pass "
+                             "--overwrite to start again")
         kept.append(row)
     if len(kept) != epoch:
         raise UsageError(f"{path} lacks epoch {len(kept) + 1}, which the checkpoint (epoch "

@@ -32,13 +32,16 @@ ERROR_FILE_NAME = "error.json"
 def metrics_lines(out):
     """OUT/metrics.jsonl line by line: (line number, row, text), where row is the line's dict,
     or None for a line that is not one epoch's whole record (cut short by a crash, bytes that
-    are not UTF-8, an epoch that is not a whole number); text then says what is wrong."""
+    are not UTF-8, an epoch that is not a whole number); text then says what is wrong. Blank
+    lines, and a byte-order mark that an editor may add, are passed over."""
     try:
         data = (Path(out) / METRICS).read_bytes()
     except FileNotFoundError:
         return []
     lines = []
-    for number, raw in enumerate(data.splitlines(), start=1):
+    for number, raw in enumerate(data.removeprefix(b"\xef\xbb\xbf").splitlines(), start=1):
+        if not raw.strip():  # a blank line (an editor's last newline, say): nothing logged
+            continue
         try:
             row = json.loads(raw.decode())
         except UnicodeDecodeError:

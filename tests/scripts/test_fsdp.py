@@ -121,7 +121,8 @@ def test_resuming_with_another_global_batch_says_which(one_rank, tmp_path):
 
 def test_a_global_batch_that_does_not_split_over_the_ranks(tmp_path):
     """Found before the ranks meet: a world of 3 need not exist for the error."""
-    env = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3"}
+    env = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
     with mock.patch.dict(os.environ, env):
         result = run_in_process("train_fsdp.py", *FLOAT64, "--out", tmp_path / "run")
     assert_one_line_error(result, "a global batch of 32 does not split over 3 ranks")
@@ -237,7 +238,8 @@ def test_train_fsdp_never_makes_a_tensor_of_the_whole_model_size(tmp_path):
 
     argv = ["train_fsdp.py", *SMALL, "--model", "mlp", "--width", "64", "--depth", "2",
             "--device", "cpu", "--seed", "5", "--out", str(tmp_path / "run")]
-    env = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    env = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}  # as torchrun sets them
     with mock.patch.dict(os.environ, env), mock.patch("sys.argv", argv), \
             mock.patch.object(sharding, "build_fsdp_model", build), \
             mock.patch.object(sharding, "materialize_shards", materialize), \
@@ -365,7 +367,8 @@ def test_a_shard_file_cut_short_is_named_with_its_size(two_ranks, tmp_path):
     result = run_one_rank(*ON_ONE_RANK, "--out", tmp_path / "run")
     assert_one_line_error(result, f"cannot read the sharded checkpoint {shard.parent}: "
                                   "__0_0.distcp is 1,000 bytes; the checkpoint's index needs ",
-                          ": it was cut short; pass --overwrite to start again")
+                          ": it was cut short, or is not this checkpoint's file; pass "
+                          "--overwrite to start again")
     needs = int(re.search(r"index needs ([\d,]+)", result.stderr)[1].replace(",", ""))
     assert 1000 < needs <= size
     assert before == {path.name: path.read_bytes() for path in (tmp_path / "run").iterdir()

@@ -13,6 +13,7 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ from ddp_scripts.checkpoints import prepare_out_dir, start_out_dir, write_atomic
 from ddp_scripts.devices import set_cpu_threads
 from ddp_scripts.cli import NothingToDo, RunStopped, UsageError, let_go_of_folders
 from ddp_scripts.mistakes.faults import processes_mentioning
-from ddp_scripts.launcher import LaunchError, failure, run_command, run_script, torchrun_command
+from ddp_scripts.launcher import LaunchError, failure, free_port, run_command, run_script, torchrun_command
 from ddp_scripts.options import build_parser
 from ddp_scripts.resume import load_checkpoint
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, logged_epochs, metrics_rows
@@ -425,8 +426,9 @@ def test_a_metrics_line_cut_short_after_the_checkpoint_is_dropped_with_a_word(fi
         log.write('{"epoch": 3, "train_lo')
     result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", out)
     assert result.returncode == 0, result.stderr
-    assert f"{out / METRICS}, line 3, was cut short by the crash that stopped the run after " \
-           "epoch 2's checkpoint (not whole JSON" in result.stdout
+    assert f"{out / METRICS}, line 3, is not whole (not whole JSON: cut short, or not a " \
+           "metrics line), and the run stopped after epoch 2's checkpoint: the line is " \
+           "dropped, and its epoch trained again" in result.stdout
     assert logged_epochs(out) == [1, 2, 3]
     assert metrics_rows(out, strict=True)
 
@@ -455,6 +457,47 @@ def test_a_strict_reader_names_the_damaged_line(tmp_path):
     assert logged_epochs(tmp_path) == [1]
 
 
+def test_blank_lines_and_a_byte_order_mark_are_not_damage(finished, tmp_path):
+    out = copy_of(finished, tmp_path)
+    lines = (out / METRICS).read_bytes().splitlines(keepends=True)
+    (out / METRICS).write_bytes(b"\xef\xbb\xbf" + lines[0] + b"\n" + lines[1] + b"\n")
+    result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert "not whole" not in result.stdout and logged_epochs(out) == [1, 2, 3]
+
+
+def test_lines_out_of_order_are_named(finished, tmp_path):
+    out = copy_of(finished, tmp_path)
+    lines = (out / METRICS).read_text().splitlines(keepends=True)
+    (out / METRICS).write_text(lines[1] + lines[0])
+    result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", out)
+    assert_one_line_error(result, "line 1, logs epoch 2 where epoch 1 was due")
+
+
+@pytest.mark.parametrize("resume", ["--resume", "--overwrite"])
+def test_a_folder_where_the_log_should_be_is_one_line(finished, tmp_path, resume):
+    out = copy_of(finished, tmp_path)
+    (out / METRICS).unlink()
+    (out / METRICS).mkdir()
+    result = run_in_process("train_single.py", *RUN, "--epochs", "3", resume, "--out", out)
+    assert_one_line_error(result, f"{out / METRICS} is not a file: move it away")
+
+
+def test_an_interrupt_hidden_by_the_save_s_own_error_is_one_line(tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM) while torch.save writes: its zip writer then fails on its way out,
+    and that error's context is the interrupt, which is what the line says."""
+    def save(state, f):
+        try:
+            raise KeyboardInterrupt  # as if Ctrl-C came in the middle of the write
+        finally:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2738304")
+    monkeypatch.setattr(torch, "save", save)
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", tmp_path / "run")
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.strip() == "interrupted (Ctrl-C); the last checkpoint saved, if any, is whole"
+    assert not list((tmp_path / "run").glob(".*.tmp*"))
+
+
 def test_a_folder_with_only_an_empty_log_is_not_a_run(tmp_path):
     """Ctrl-C in epoch 1 leaves an empty metrics.jsonl: nothing trained, so the same command
     starts again without --resume."""
@@ -473,6 +516,20 @@ def test_a_crash_before_the_first_checkpoint_starts_again(tmp_path):
     result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--resume", "--out", tmp_path)
     assert result.returncode == 0, result.stderr
     assert logged_epochs(tmp_path) == [1] and (tmp_path / CHECKPOINT).exists()
+
+
+def test_fsdp_killed_before_its_first_save_starts_again(tmp_path, capsys):
+    """train_fsdp.py stopped after epoch 1 was logged, before its first sharded save: as the
+    other scripts do, a resume says so and trains from epoch 1; with 2 epochs logged, refused."""
+    args = build_parser("test").parse_args(["--out", str(tmp_path), "--resume", "--epochs", "3"])
+    args.width, args.depth = 8, 2  # train_fsdp.py's options
+    checkpoints.append_metrics(tmp_path, {"epoch": 1, "strategy": "fsdp"})
+    assert fsdp_out.prepare_out_dir(args, 32) is None
+    assert "holds epoch 1 but not its checkpoint.dcp (cut short before it was saved): " \
+           "training from epoch 1 again" in capsys.readouterr().out
+    checkpoints.append_metrics(tmp_path, {"epoch": 2, "strategy": "fsdp"})
+    with pytest.raises(UsageError, match=r"holds epochs \[1, 2\] but no sharded checkpoint"):
+        fsdp_out.prepare_out_dir(args, 32)
 
 
 def test_the_sharded_checkpoint_is_held_to_the_same_rules(tmp_path):
@@ -549,7 +606,19 @@ def test_torchrun_s_variables_are_checked_together(tmp_path, monkeypatch, env, f
     assert not (tmp_path / "run").exists()
 
 
-def test_a_local_world_size_of_zero_is_one_line(tmp_path, monkeypatch):
+def test_rank_variables_by_hand_without_master_addr_are_one_line(tmp_path, monkeypatch):
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                        "LOCAL_WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    result = run_in_process("train_ddp.py", *RUN, "--out", tmp_path / "run")
+    assert_one_line_error(result, "MASTER_ADDR or MASTER_PORT is not set, although RANK and "
+                                  "WORLD_SIZE are")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_local_world_size_of_zero_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "0")
     with pytest.raises(UsageError, match="LOCAL_WORLD_SIZE must be a whole number, 1 or more, "
                                          "got '0'"):
@@ -671,6 +740,43 @@ def test_sigkill_to_torchrun_ends_its_workers(tmp_path):
     assert sorted(line.split("]")[0] for line in said) == ["[rank 0", "[rank 1"], output
     epoch = load_checkpoint(out / CHECKPOINT)["epoch"]
     assert logged_epochs(out)[:epoch] == list(range(1, epoch + 1)) and epoch < 100
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_a_worker_waiting_in_the_rendezvous_ends_soon_after_its_torchrun(tmp_path):
+    """torchrun (here a stand-in parent) killed while its worker waits for a rank that never
+    comes: Python cannot run the SIGTERM handler in that wait, so the worker's watch ends it,
+    in one line, long before its --timeout-s of 300 s."""
+    port = free_port()
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "stand-in"}
+    worker = [sys.executable, str(ROOT / "ddp_scripts" / "train_ddp.py"), *RUN, "--timeout-s", "300",
+              "--out", str(tmp_path / "run")]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; "
+         f"subprocess.Popen({worker!r}, stderr=open({str(tmp_path / 'stderr')!r}, 'w')); "
+         "time.sleep(600)"], env=env, start_new_session=True)
+    try:
+        while True:  # rank 0 waits in the rendezvous once it listens on MASTER_PORT
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert parent.poll() is None
+            time.sleep(0.2)
+        parent.kill()
+        parent.wait()
+        for _ in range(1200):  # a hang guard of 120 s, not a measure: about 11 s here
+            if not processes_mentioning(str(tmp_path / "run")):
+                break
+            time.sleep(0.1)
+        assert processes_mentioning(str(tmp_path / "run")) == []
+    finally:
+        for proc in processes_mentioning(str(tmp_path / "run")):  # only if a step above failed
+            proc.kill()
+    lines = (tmp_path / "stderr").read_text().strip().splitlines()
+    assert lines == ["[rank 0] interrupted (SIGTERM: torchrun, which started this process, has "
+                     "ended; ended at once, in a wait that Python could not interrupt); the last "
+                     "checkpoint saved, if any, is whole"], lines
 
 
 def test_an_out_that_cannot_be_made_is_one_line_per_rank_under_ddp(tmp_path):
