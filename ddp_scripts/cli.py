@@ -93,18 +93,20 @@ def run_cli(main):
 def _end_if_orphaned(grace_s=10.0):
     """A torchrun worker's watch. Once torchrun has ended, its SIGTERM ends the run with one
     line; but Python runs a signal handler only between steps of its own, not while the
-    process waits in C++ (for the rendezvous, say, up to --timeout-s). So, `grace_s` after
-    torchrun ended, if the handler has still not run, this thread says the line and ends the
-    process, with exit status 143 (128 + SIGTERM). A torchrun that ended before this process
+    process waits in C++ (for the rendezvous, say, up to --timeout-s). So this thread sends
+    the SIGTERM itself once it sees a new parent (torchrun may have ended before the process
+    asked for the signal), and, `grace_s` later, if the handler has still not run, says the
+    line and ends the process, with exit status 143 (128 + SIGTERM). A torchrun that ended before this process
     imported cli.py (PARENT is then already its new parent) goes unnoticed: that process ends
     at --timeout-s."""
     while os.getppid() == PARENT:
         time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)  # should the parent have ended before end_with_parent
     time.sleep(grace_s)
     if signal.getsignal(signal.SIGTERM) is _terminated:  # the handler has not run
         sys.stderr.write(f"[rank {os.environ.get('RANK', '0')}] interrupted (SIGTERM: torchrun, "
-                         "which started this process, has ended; ended at once, in a wait that "
-                         "Python could not interrupt); the last checkpoint saved, if any, is whole\n")
+                         "which started this process, has ended; ended in a wait that Python "
+                         "could not interrupt); the last checkpoint saved, if any, is whole\n")
         sys.stderr.flush()
         os._exit(128 + signal.SIGTERM)  # as a shell reports a process ended by SIGTERM
 

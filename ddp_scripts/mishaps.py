@@ -50,11 +50,8 @@ def end_early(error, say):
     rank = os.environ.get("RANK")  # checked by ranks.require_torchrun, if the script needs it
     rank = int(rank) if rank and rank.isdigit() else None
     tag = f"[rank {rank}] " if rank is not None else ""
-    interrupt = error.__context__  # Ctrl-C or SIGTERM mid-save: torch.save's writer fails on
-    while interrupt is not None and not isinstance(interrupt, KeyboardInterrupt):  # its way out,
-        interrupt = interrupt.__context__  # and its error hides the interrupt
-    if interrupt is not None and not isinstance(error, KeyboardInterrupt):
-        error = interrupt
+    if not isinstance(error, (KeyboardInterrupt, UsageError, RunStopped, NothingToDo)):
+        error = interrupt_behind(error)
     if isinstance(error, RuntimeError):  # gloo's, if another rank ended first: then one line
         error = peer_silent(peer_lost(error))
     if isinstance(error, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (Terminated)
@@ -76,6 +73,18 @@ def end_early(error, say):
     leave_the_group()
 
 
+def interrupt_behind(error):
+    """Ctrl-C or SIGTERM in the middle of a save: torch.save's zip writer then fails on its
+    way out, and its error hides the interrupt, which is found in the error's context. An
+    error raised `from None` (its context suppressed) stands as it is."""
+    context = error
+    while context is not None and not context.__suppress_context__:
+        context = context.__context__
+        if isinstance(context, KeyboardInterrupt):
+            return context
+    return error
+
+
 def peer_lost(error):
     """gloo's error when another rank's process ended in a collective, as one line."""
     if not any(text in str(error) for text in ("Connection reset by peer", "Connection closed by peer")):
@@ -88,6 +97,7 @@ def peer_lost(error):
 def end_interrupted(error, tag):
     """Ctrl-C or SIGTERM: one line. Ctrl-C exits with 130; SIGTERM ends the process by
     SIGTERM itself, as torchrun and shells expect (143 in a shell, -15 in Python)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C: ended at once, in silence
     how = "Ctrl-C"
     if isinstance(error, Terminated):
         how = f"SIGTERM: {error}" if str(error) else "SIGTERM"

@@ -29,13 +29,22 @@ def require_torchrun(script):
     if all(text.isdigit() for text in value):
         rank, world, local_rank, local_world = map(int, value)
         if rank < world and local_rank < local_world <= world:
-            if not {"MASTER_ADDR", "MASTER_PORT"} <= os.environ.keys():  # set by hand, in part
-                raise UsageError("MASTER_ADDR or MASTER_PORT is not set, although RANK and "
-                                 "WORLD_SIZE are: set both (rank 0's address and a free port), "
-                                 "or start the script with torchrun, which sets them")
+            check_master()  # torchrun sets both; by hand, one may be missing or mistyped
             return
     from ddp_scripts.mishaps import not_started_by_torchrun
     raise not_started_by_torchrun(script, names)
+
+
+def check_master():
+    """MASTER_ADDR and MASTER_PORT, where rank 0 waits for the others: set, and a port number."""
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+    if missing:
+        raise UsageError(f"{' and '.join(missing)} not set, although RANK and WORLD_SIZE are: "
+                         "set MASTER_ADDR to rank 0's address and MASTER_PORT to a free port, "
+                         "or start the script with torchrun, which sets them")
+    port = os.environ["MASTER_PORT"]
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise UsageError(f"MASTER_PORT must be a port number, 1 to 65535, got {port!r}")
 
 
 GROUP = {}  # the group's settings, once init_process_group has made it: timeout_s

@@ -74,12 +74,12 @@ def metrics_rows(out, strict=False):
 
 
 def holds_a_run(out):
-    """Whether OUT holds a run: a checkpoint, a summary, or a log with at least one line (a
-    run stopped in its first epoch leaves an empty log, and nothing trained)."""
+    """Whether OUT holds a run: a checkpoint, a summary, or a log with at least one line that
+    is not blank (a run stopped in its first epoch leaves an empty log, and nothing trained)."""
     out = Path(out)
     metrics = out / METRICS
     return (any((out / name).exists() for name in (CHECKPOINT, SHARDED_CHECKPOINT, SUMMARY))
-            or (metrics.exists() and (not metrics.is_file() or metrics.stat().st_size > 0)))
+            or (metrics.exists() and (not metrics.is_file() or bool(metrics_lines(out)))))
 
 
 def logged_epochs(out):

@@ -4,6 +4,7 @@ import io
 import os
 import re
 import runpy
+import signal
 import subprocess
 import sys
 import traceback
@@ -40,7 +41,8 @@ def run_in_process(script, *args):
     path = SCRIPTS / script
     argv = [str(path), *map(str, args)]
     stdout, stderr = io.StringIO(), io.StringIO()
-    saved = sys.argv, list(sys.path), torch.get_num_threads(), dict(os.environ)
+    saved = (sys.argv, list(sys.path), torch.get_num_threads(), dict(os.environ),
+             signal.getsignal(signal.SIGINT))  # a script that stops on Ctrl-C resets SIGINT
     sys.argv = argv
     status = 0
     real_exit, test_process = os._exit, os.getpid()
@@ -68,6 +70,7 @@ def run_in_process(script, *args):
         torch.set_num_threads(saved[2])
         os.environ.clear()
         os.environ.update(saved[3])
+        signal.signal(signal.SIGINT, saved[4])
     return subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
 
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint import CheckpointException
 
-from ddp_scripts import checkpoints, fsdp_out
+from ddp_scripts import checkpoints, fsdp_out, runfiles
 from ddp_scripts.measure import benchmark
 from ddp_scripts.checkpoints import prepare_out_dir, start_out_dir, write_atomically
 from ddp_scripts.devices import set_cpu_threads
@@ -505,9 +505,14 @@ def test_a_folder_with_only_an_empty_log_is_not_a_run(tmp_path):
     result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", tmp_path)
     assert result.returncode == 0, result.stderr
     assert logged_epochs(tmp_path) == [1]
-    (tmp_path / METRICS).write_bytes(b"\n")  # a byte is a log that holds something
-    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / METRICS).write_bytes(b"\n\n")  # blank lines: nothing logged either
+    assert not runfiles.holds_a_run(other)
+    (other / METRICS).write_bytes(b"{\n")  # a line that is not blank is a log
+    result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", other)
     assert_one_line_error(result, "already holds a run")
+    assert (other / METRICS).read_bytes() == b"{\n"
 
 
 def test_a_crash_before_the_first_checkpoint_starts_again(tmp_path):
@@ -613,9 +618,12 @@ def test_rank_variables_by_hand_without_master_addr_are_one_line(tmp_path, monke
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.setenv("MASTER_PORT", "29500")
     result = run_in_process("train_ddp.py", *RUN, "--out", tmp_path / "run")
-    assert_one_line_error(result, "MASTER_ADDR or MASTER_PORT is not set, although RANK and "
-                                  "WORLD_SIZE are")
+    assert_one_line_error(result, "MASTER_ADDR not set, although RANK and WORLD_SIZE are")
     assert not (tmp_path / "run").exists()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "abc")
+    result = run_in_process("train_ddp.py", *RUN, "--out", tmp_path / "run")
+    assert_one_line_error(result, "MASTER_PORT must be a port number, 1 to 65535, got 'abc'")
 
 
 def test_a_local_world_size_of_zero_is_refused(tmp_path, monkeypatch):
@@ -775,7 +783,7 @@ def test_a_worker_waiting_in_the_rendezvous_ends_soon_after_its_torchrun(tmp_pat
             proc.kill()
     lines = (tmp_path / "stderr").read_text().strip().splitlines()
     assert lines == ["[rank 0] interrupted (SIGTERM: torchrun, which started this process, has "
-                     "ended; ended at once, in a wait that Python could not interrupt); the last "
+                     "ended; ended in a wait that Python could not interrupt); the last "
                      "checkpoint saved, if any, is whole"], lines
 
 
