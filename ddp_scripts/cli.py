@@ -70,11 +70,11 @@ def run_cli(main):
     traceback and 1. Failures also go to torchrun's error file (runfiles.py), where torchrun
     and the launcher read which rank failed and why (mishaps.end_early)."""
     previous = signal.signal(signal.SIGTERM, _terminated)  # in the main thread: a script's
-    if "TORCHELASTIC_RUN_ID" in os.environ and end_with_parent is not None:  # a worker of
-        end_with_parent()  # torchrun: it ends when torchrun does
-        threading.Thread(target=_end_if_orphaned, daemon=True).start()
     try:
         try:
+            if "TORCHELASTIC_RUN_ID" in os.environ and end_with_parent is not None:  # a worker
+                end_with_parent()  # of torchrun: it ends when torchrun does
+                threading.Thread(target=_end_if_orphaned, daemon=True).start()
             main()
         finally:
             let_go_of_folders()
