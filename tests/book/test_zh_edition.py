@@ -503,3 +503,12 @@ def test_the_self_checks_take_the_language_from_the_notebook_jupyter_names(monke
         assert selfcheck.language() == expected, session
     monkeypatch.setenv("BOOK_LANGUAGE", "en")   # the reader's choice wins
     assert selfcheck.language() == "en"
+
+
+@pytest.mark.parametrize("page", ["how-to-run.md", "zh/how-to-run.md"])
+def test_the_colab_steps_set_the_chinese_self_checks(page):
+    """Colab gives the kernel no notebook path to read the edition from: each edition's Colab
+    section says to set BOOK_LANGUAGE=zh for a Chinese chapter."""
+    text = (ROOT / "book" / page).read_text(encoding="utf-8")
+    colab = re.search(r"^## [^\n]*Google Colab[^\n]*\n(.*?)^## ", text, re.MULTILINE | re.DOTALL)
+    assert colab and "`%env BOOK_LANGUAGE=zh`" in colab[1], page
