@@ -8,8 +8,7 @@ import os
 import torch
 
 from ddp_scripts.cli import UsageError, say
-
-STRAY = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}  # torchrun's, left in a shell
+from ddp_scripts.ranks import TORCHRUN_VARIABLES
 
 
 def pick_device(requested="auto", local_rank=None):
@@ -17,9 +16,9 @@ def pick_device(requested="auto", local_rank=None):
     `local_rank` of a node takes GPU `local_rank` (nccl cannot share one GPU between two),
     unless a scheduler (srun, no torchrun) showed it only the one GPU it chose, as cuda:0."""
     if local_rank is None:  # a script of one process: torchrun's variables are not its own
-        if "TORCHELASTIC_RUN_ID" not in os.environ and STRAY.intersection(os.environ):
+        if "TORCHELASTIC_RUN_ID" not in os.environ and set(TORCHRUN_VARIABLES) & set(os.environ):
             from ddp_scripts.mishaps import ignore_rank_variables
-            ignore_rank_variables(STRAY, say)
+            ignore_rank_variables(TORCHRUN_VARIABLES, say)
         local_rank = 0
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"

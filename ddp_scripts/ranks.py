@@ -10,6 +10,10 @@ import torch.distributed as dist
 
 from ddp_scripts.cli import NothingToDo, UsageError
 
+# What torchrun tells each worker about its place: a DDP script needs all four, and a script
+# of one process ignores any left over in the shell.
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
 
 def world_size():
     """The processes in the group: 1 without one (a one-process run)."""
@@ -24,15 +28,14 @@ def backend_for(device):
 def require_torchrun(script):
     """The DDP scripts learn their rank from torchrun's variables: say so if they are missing
     or contradict each other. `script`: the script's name or path (its __file__)."""
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-    value = [os.environ.get(name, "") for name in names]
+    value = [os.environ.get(name, "") for name in TORCHRUN_VARIABLES]
     if all(text.isdigit() for text in value):
         rank, world, local_rank, local_world = map(int, value)
         if rank < world and local_rank < local_world <= world:
             check_master()  # torchrun sets both; by hand, one may be missing or mistyped
             return
     from ddp_scripts.mishaps import not_started_by_torchrun
-    raise not_started_by_torchrun(script, names)
+    raise not_started_by_torchrun(script, TORCHRUN_VARIABLES)
 
 
 def check_master():
