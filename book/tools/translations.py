@@ -36,6 +36,7 @@ HEADING = re.compile(r"^#{1,6} \S")
 LABEL = re.compile(r"^\([\w-]+\)=\s*$")
 OPTION = re.compile(r"^\s*:[\w-]+:")   # a directive's option
 FENCE = re.compile(r"^(\s*)(`{3,}|:{3,})")
+DIRECTIVE_TITLE = re.compile(r"^\s*(?:`{3,}|:{3,})\{(?:admonition|dropdown|exercise)\}\s*(\S.*)$")
 CODE, LINK_TARGET, URL, HTML = r"`[^`]*`", r"\]\([^)]*\)", r"https?://\S+", r"<[^>]+>"
 # Five English words in a row or more: a sentence left in English ("DDP 的 all-reduce" is not).
 ENGLISH_RUN = re.compile(r"(?:\b[A-Za-z][A-Za-z'’-]*[ ,;:]+){4,}[A-Za-z][A-Za-z'’-]*\b")
@@ -232,9 +233,13 @@ def page_passages(english_path, chinese_path, name):
 
 
 def prose_lines(text):
-    """(line number, line) of a passage's prose: outside code, labels and options."""
+    """(line number, line) of a passage's prose: outside code, labels and options; a
+    directive's title (:::{admonition} 细节：…) is prose too."""
     for number, (line, kind) in enumerate(scan(text), 1):
-        if kind in ("text", "directive") and not (LABEL.match(line.strip()) or OPTION.match(line)):
+        title = DIRECTIVE_TITLE.match(line) if kind == "fence" else None
+        if title:
+            yield number, " " * title.start(1) + title.group(1)
+        elif kind in ("text", "directive") and not (LABEL.match(line.strip()) or OPTION.match(line)):
             yield number, line
 
 

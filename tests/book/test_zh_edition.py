@@ -189,7 +189,7 @@ def test_a_translation_that_drops_a_link_or_a_heading_is_caught(copies):
 # --- the edition's terms ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("text", [
-    "rank（进程序号）是进程在作业中的编号；rank 0 负责写日志。",
+    "rank（进程序号）是进程在作业中的序号；rank 0 负责写日志。",
     "local rank（本机进程序号）决定用哪块 GPU。",
     "修改之后要重启 Jupyter 内核。",
     "`DataParallel`（DP）和 DDP 都属于数据并行。",
@@ -206,6 +206,15 @@ def test_a_translation_that_drops_a_link_or_a_heading_is_caught(copies):
     "它的输入层（stem）先把图像缩小；程序卡住时，把梯度复制到 GPU。",
     "打出一段回溯信息（traceback）；DataLoader 的工作进程（worker）和 `num_workers`。",
     "每个微批次都跳过 all-reduce；local rank（本机进程序号）决定 GPU。",
+    ":::{admonition} 细节：下载很慢时\n先看文件的大小。\n:::",
+    "*N* 个批量为 *b* 的进程与一个批量为 *N·b* 的进程；批量 64、批量 8。",
+    "全局批量等于每个进程的批量乘以 world size；批量归一化；批量大小分别为 64 和 512。",
+    "更大的批量；能用多大的批量；每块 GPU 上的批量较小时；批量越大，模型和批量越大。",
+    "取下一个批次；所有进程的批次上的平均梯度；批次形状变化时；单元格仍持有的那批数据。",
+    "CUDA 从 0 开始给它们编号；GPU 1 重新编号为 `cuda:0`；`nvidia-smi` 按 PCI 总线编号。",
+    "`cuda:N` 里的序号属于进程；local rank 给机器上的进程编号，而不是给机器编号。",
+    "原文说“rank是主机的编号”，其实 rank 是进程的序号。",
+    "依据的是 PyTorch 的源代码和文档。",
 ])
 def test_the_edition_s_terms_pass_where_they_are_used_as_chosen(text):
     assert translations.term_hits(text) == []
@@ -229,7 +238,7 @@ def test_the_edition_s_terms_pass_where_they_are_used_as_chosen(text):
     ("在有 tensor core 的 GPU 上更快。", "tensor core"),
     ("运行下一个代码单元。", "代码单元"),
     ("下面是在 H200 上录制的输出。", "录制"),
-    ("从数据加载器取下一个批量。", "取下一个批量"),
+    ("从数据加载器取下一个批量。", "批量"),
     ("它的起始层先把图像缩小。", "起始层"),
     ("程序卡死了。", "卡死"),
     ("把梯度拷贝到 GPU。", "拷贝"),
@@ -237,6 +246,17 @@ def test_the_edition_s_terms_pass_where_they_are_used_as_chosen(text):
     ("各个 worker 只是连接到它。", "worker"),
     ("除最后一个微批量外。", "微批量"),
     ("再加本机序号。", "本机序号"),
+    (":::{admonition} 详情：下载很慢时\n先看文件的大小。\n:::", "详情"),
+    ("```{dropdown} 详情\n先看文件的大小。\n```", "详情"),
+    ("于是每个进程拿到的，都是所有进程的批量上的平均梯度。", "批量"),
+    ("各个 rank 大小为 *b* 的批量合起来。", "批量"),
+    ("想要的批量放不进显存时，就把它拆开。", "批量"),
+    ("批量形状变化时，这能减少碎片。", "批量"),
+    ("再加上单元格仍持有的批量数据。", "批量"),
+    ("GPU 的 UUID 永远不变，而它的编号却可能改变。", "编号"),
+    ("代码完全不需要设备编号。", "编号"),
+    ("local rank 是进程在本机上的编号。", "编号"),
+    ("依据的是 PyTorch 的源码。", "源码"),
 ])
 
 
@@ -286,6 +306,30 @@ def test_check_names_a_planted_variant_with_its_page_cell_and_line(copies):
     assert len(problems) == 1 and problems[0].startswith(
         f"{translations.relative(chinese_page)}, section {last}, line {line}: “0 号进程”"), problems
     assert chinese_page.read_text(encoding="utf-8").endswith("0 号进程写日志。\n")  # reports only
+
+
+@pytest.mark.parametrize("planted, variant, line", [
+    ("\n\n:::{admonition} 详情：下载很慢时\n先看文件的大小。\n:::", "详情", 3),
+    ("\n\n每个进程拿到的，都是所有进程的批量上的平均梯度。", "批量", 3),
+    ("\n\n而它的编号却可能改变。", "编号", 3),
+    ("\n\n依据的是 PyTorch 的源码。", "源码", 3),
+])
+def test_check_names_each_planted_variant_of_the_style_list(copies, planted, variant, line):
+    """细节 for Details, 批次 for a batch, 序号 for an index, 源代码: each variant named."""
+    english, chinese, _, _ = copies
+    before = problems_of(english, chinese)
+    notebook = json.loads(chinese.read_text())
+    current = {c["id"]: translations.sha(cell_source(c))
+               for c in json.loads(english.read_text())["cells"]}
+    number, cell = next((n, c) for n, c in prose_cells(notebook)
+                        if c["metadata"].get("translation") == {"en": current[c["id"]]})
+    cell["source"] = cell_source(cell) + planted
+    chinese.write_text(json.dumps(notebook, ensure_ascii=False))
+    problems = [p for p in problems_of(english, chinese) if p not in before]
+    line += cell_source(cell).count("\n") - planted.count("\n")
+    assert [p.split(": write")[0] for p in problems] == [
+        f"{translations.relative(chinese)}, cell {number} (id {cell['id']}), line {line}: "
+        f"“{variant}”"], problems
 
 
 def test_bad_input_is_one_line_and_exit_2():
