@@ -18,7 +18,7 @@ PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
 # tests/figures (the figure helpers, fed real runs), tests/book (the sources and tools),
 # tests/site (the built book: its pages, its chapters' runs).
 
-.PHONY: book test check oldest-torch browser gpu-check gpu-bundle student-copies clean
+.PHONY: book test check oldest-torch browser gpu-check gpu-plan gpu-bundle student-copies clean
 
 $(INSTALLED): requirements.txt requirements-dev.txt book/tools/offline_assets.py
 	$(PYTHON) -m venv $(VENV)
@@ -70,17 +70,23 @@ browser:
 	@command -v chromium >/dev/null && fc-list :lang=zh | grep -q . || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium fonts-wqy-microhei; }
 
 # On a machine with GPUs, with the interpreter it already has (no .venv is made):
-#   PYTHON=python3 make gpu-check [STEPS="notebooks tests micro benchmark"]
-# runs each step (default: all four; a step may also be one notebook's path) and records it into
-# results/gpu-runs/<date>-<hardware>/ as it ends; a later call the same day adds to that folder.
+#   PYTHON=python3 make gpu-check [STEPS="notebooks tests micro benchmark"] [BUDGET=540]
+# runs each step (default: all four, the chapters most valuable first; a step may also be one
+# notebook's path) and records it into results/gpu-runs/<date>-<hardware>/ as it ends; a later call
+# the same day adds to that folder. BUDGET (seconds): no step started that would not end within it.
+# `make gpu-plan BUDGET=540` prints that order and each step's expected seconds, anywhere.
 # `make gpu-bundle` (on a machine with a package index) writes the wheels a GPU machine without
-# one needs into .gpu-wheels/ and prints the command line to run there.
+# one needs into .gpu-wheels/ and prints the command line to run there (MAINTAINING.md).
 STEPS ?=
+BUDGET ?=
 gpu-check:
-	$(PYTHON) -m book.tools gpu-check $(STEPS)
+	$(PYTHON) -m book.tools gpu-check $(STEPS) $(if $(BUDGET),--budget-s $(BUDGET))
 
-gpu-bundle:
-	$(PYTHON) -m book.tools gpu-check --bundle
+gpu-plan: $(INSTALLED)
+	$(BIN)/python -m book.tools gpu-check --plan $(STEPS) $(if $(BUDGET),--budget-s $(BUDGET))
+
+gpu-bundle: $(INSTALLED)
+	$(BIN)/python -m book.tools gpu-check --bundle
 
 student-copies: $(INSTALLED)
 	$(BIN)/python -m book.tools student-copies

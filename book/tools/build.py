@@ -124,13 +124,30 @@ def configure(edition, site):
     path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
 
-def gpu_box_words(edition):
+def gpu_box_words(edition, recordings=ROOT / "results" / "gpu-runs"):
     """The front page's counts of the boxes of recorded GPU output, {{ gpu_boxes }} and the
-    like in book/intro.md: counted over the committed chapters and recordings, as
+    like in book/intro.md, {{ gpu_table }}, the same per chapter, and {{ gpu_machines }}, the
+    GPUs recorded: counted over the committed chapters and recordings, as
     gpu_recordings.prepare shows them."""
-    counts = gpu_recordings.box_counts(sorted(edition.notebooks.glob("*.ipynb")),
-                                       ROOT / "results" / "gpu-runs")
-    return {f"gpu_{state}": str(number) for state, number in counts.items()}
+    counted = gpu_recordings.box_counts_by_notebook(sorted(edition.notebooks.glob("*.ipynb")), recordings)
+    total = {state: sum(counts[state] for counts in counted.values())
+             for state in ("boxes", "current", "stale", "missing")}
+    machines = dict.fromkeys(f"{run['hardware'].split(';')[0].strip()} ({run['date']})"
+                             for _, run, _ in gpu_recordings.load_recordings(recordings))
+    return {**{f"gpu_{state}": str(number) for state, number in total.items()},
+            "gpu_machines": ", ".join(machines) or "-",
+            "gpu_table": gpu_table(counted, total, words(edition.name))}
+
+
+def gpu_table(counted, total, text):
+    """A markdown table: a row per chapter of its boxes, current, stale and not recorded, then
+    the book's (each chapter linked by its page title)."""
+    states = ("current", "stale", "missing")
+    rows = [text["gpu_table_header"], "| --- | ---: | ---: | ---: |"]
+    rows += [f"| {{doc}}`../notebooks/{Path(name).stem}` | " + " | ".join(str(counts[s]) for s in states) + " |"
+             for name, counts in sorted(counted.items())]
+    rows.append(f"| **{text['gpu_table_total']}** | " + " | ".join(f"**{total[s]}**" for s in states) + " |")
+    return "\n".join(rows) + "\n"
 
 
 def search_words(edition):

@@ -122,17 +122,28 @@ def state_of(entry, current_hash):
     return "missing" if entry is None else "stale" if entry["source_sha256"] != current_hash else "current"
 
 
-def box_counts(notebooks, recordings_root=RECORDINGS):
-    """How many boxes of recorded GPU output the pages of `notebooks` show, as annotate makes
-    them (one per gpu-output cell and recorded machine), by state: {"boxes", "current",
-    "stale", "missing"}. The front page states them (build.py)."""
-    recordings = load_recordings(recordings_root)
-    counts = dict.fromkeys(("current", "stale", "missing"), 0)
+def box_counts_by_notebook(notebooks, recordings_root=RECORDINGS):
+    """{notebook name: {"boxes", "current", "stale", "missing"}}: how many boxes of recorded GPU
+    output each page of `notebooks` shows, as annotate makes them (one per gpu-output cell and
+    recorded machine), by state; a notebook without a gpu-output cell is left out."""
+    recordings, counted = load_recordings(recordings_root), {}
     for path in map(Path, notebooks):
+        counts = dict.fromkeys(("current", "stale", "missing"), 0)
         for cell in gpu_cells(read_notebook(path)):
             for _, _, cells in newest_with(recordings, path.name, cell["id"]):
                 counts[state_of(cells.get(path.name, {}).get(cell["id"]), source_hash(source_of(cell)))] += 1
-    return {"boxes": sum(counts.values()), **counts}
+        if any(counts.values()):
+            counted[path.name] = {"boxes": sum(counts.values()), **counts}
+    return counted
+
+
+def box_counts(notebooks, recordings_root=RECORDINGS):
+    """The boxes of all `notebooks` together, by state: {"boxes", "current", "stale", "missing"}.
+    The front page states them (build.py)."""
+    total = dict.fromkeys(("boxes", "current", "stale", "missing"), 0)
+    for counts in box_counts_by_notebook(notebooks, recordings_root).values():
+        total = {state: total[state] + counts[state] for state in total}
+    return total
 
 
 def box(run, entry, current_hash, multi_gpu, language="en", name=""):

@@ -289,3 +289,15 @@ def test_a_recorded_figure_gets_a_cell_of_its_own_below_the_numbered_one():
     assert added_boxes(below) and added_outputs(below)
     gpu_recordings.annotate(notebook, "02_tensors_and_models.ipynb", [recording])   # again
     assert [c["id"] for c in notebook["cells"]].count("ch02-31-gpu") == 1
+
+
+def test_the_boxes_per_chapter_add_up_to_the_books_and_leave_out_a_chapter_without_one(tmp_path):
+    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    per_chapter = gpu_recordings.box_counts_by_notebook(notebooks)
+    total = gpu_recordings.box_counts(notebooks)
+    assert {state: sum(counts[state] for counts in per_chapter.values()) for state in total} == total
+    assert all(counts["boxes"] == len(gpu_recordings.gpu_cells(load_notebook(ROOT / "notebooks" / name)))
+               * len({run["hardware"] for _, run, _ in RECORDINGS}) for name, counts in per_chapter.items())
+    plain = tmp_path / "plain.ipynb"
+    plain.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert gpu_recordings.box_counts_by_notebook([plain]) == {}
