@@ -123,28 +123,62 @@ def verdict(runs, case):
                          + (" (unreliable)." if shaky else "."))
     part, by, one_name, many_name = grew(runs, case)
     if round(by, 2) > 0:  # as printed: a growth under 0.01 us is none
-        lines.append(f"  From {one_name} to {many_name}, the part that grew most: {part} "
-                     f"(+{by:.2f} us per sample): {why(runs, case, part)}.")
+        lines.append(f"  From {one_name} to {many_name}, the part that grew most: "
+                     f"{part_label(runs, case, part)} (+{by:.2f} us per sample): "
+                     f"{why(runs, case, part)}.")
     else:
         lines.append(f"  From {one_name} to {many_name}, no part grew by 0.01 us per sample.")
     return lines
 
 
+# A smaller share of a core is named as the cause only where forward's CPU share fell by more
+# than this fraction of the one-process share (and beyond either run's range over its groups of
+# steps): a floor for judgment. A smaller fall cannot make a part that computes grow by much.
+CORE_SHARE_FALL = 0.10
+UNTIMED_LABEL = "backward compute (includes the all-reduce, untimed under NCCL)"
+
+
+def all_reduce_timed(found):
+    """Whether an N-process case timed the all-reduce apart from backward: its file names the
+    clock the hooks read ("all-reduce clock"). A file without one (an NCCL run from before the
+    hooks read CUDA events, "communication timed": false) left it inside backward compute."""
+    return found.get("all-reduce clock") is not None or found.get("communication timed", False)
+
+
+def part_label(runs, case, part):
+    """The part's name as the verdict prints it: backward compute says that it holds the
+    all-reduce where the N-process run did not time it apart."""
+    _, many = compared(runs, case)
+    if part == "backward compute" and not all_reduce_timed(many["cases"][case]):
+        return UNTIMED_LABEL
+    return part
+
+
 def why(runs, case, part):
-    """WHY[part]; for a part that computes, held to what the clocks measured: forward's CPU
-    time over its wall time (forward waits for no other rank), in one process and in N. A
-    smaller share of a core is named only where the share fell beyond the range it took over
-    either run's groups of steps, and by enough to show in the two decimals printed."""
+    """WHY[part]; for a part that computes, a cause only where the clocks show one. On GPUs
+    the GPU computes, so the CPU's clocks name none (the profiler of chapter 10 can); where
+    the all-reduce sat untimed inside backward compute, none either. On the CPU: forward's
+    CPU time over its wall time (forward waits for no other rank), in one process and in N. A
+    smaller share of a core is named only where the share fell by more than CORE_SHARE_FALL,
+    beyond the range it took over either run's groups of steps."""
     if part not in ("forward", "backward compute", "optimizer"):
         return WHY[part]
-    one, many = (run["cases"][case] for run in compared(runs, case))
+    one_run, many_run = compared(runs, case)
+    if many_run["device"].startswith("cuda"):
+        return ("on GPUs the GPU computes it, so the CPU's clocks cannot say why; "
+                "torch.profiler shows each kernel of the step (chapter 10)")
+    if part == "backward compute" and not all_reduce_timed(many_run["cases"][case]):
+        return ("the all-reduce was not timed apart from backward, so the clocks cannot say "
+                "which of the two grew")
+    one, many = one_run["cases"][case], many_run["cases"][case]
     before, now = one["cpu share"]["forward"], many["cpu share"]["forward"]
     (low, high), (low_n, high_n) = (found["cpu share range"]["forward"] for found in (one, many))
     said = f"forward's CPU time over its wall time: {before:.2f} -> {now:.2f}"
-    if high_n < low and round(now, 2) < round(before, 2):
+    if high_n < low and now < (1 - CORE_SHARE_FALL) * before:
         return f"{WHY[part]} ({said})"
     return (f"not that the step's thread got less of a core ({said}; over the groups of steps "
-            f"of each run {low:.2f}-{high:.2f} and {low_n:.2f}-{high_n:.2f})")
+            f"of each run {low:.2f}-{high:.2f} and {low_n:.2f}-{high_n:.2f}; a cause only "
+            f"past a fall of {CORE_SHARE_FALL:.0%})")
 
 
 def communication_lines(runs, case):
@@ -195,6 +229,20 @@ def benchmark_ratio(results, many, case):
             "spreads": [float(table.loc[base, "spread"]), float(ddp["spread"])]}, None
 
 
+def benchmark_like_the_step(many, case):
+    """The benchmark's command that measures what the step's N-process run ran: the same
+    device, as many processes (on GPUs, as many visible GPUs, one process each), the same
+    global batch."""
+    batch = many["cases"][case]["settings"]["batch_size"]
+    if many["device"].startswith("cuda"):
+        visible = ",".join(str(gpu) for gpu in range(many["processes"]))
+        configs = "gpu,ddp"
+    else:  # no GPU visible: ddp runs as processes on the CPU
+        visible, configs = "", f"cpu,ddp --cpu-processes {many['processes']}"
+    return (f"CUDA_VISIBLE_DEVICES={visible} python ddp_scripts/measure/benchmark.py --configs "
+            f"{configs} --batch-size {batch} --out runs/benchmark-like-the-step.json")
+
+
 def agreement(measured, predicted, spreads):
     """("agree" | "disagree on the direction" | "disagree on the size", how many times apart
     the two ratios are, the bound): a ratio of two runs can be off by their two spreads
@@ -243,7 +291,10 @@ def ratio_from_parts_lines(results, runs, case="batch 64"):
                  f" us per sample; {grown}.")
     bench, why_not = benchmark_ratio(results, many, case)
     if bench is None:
-        lines.insert(0, f"Benchmark: {why_not}: no ratio of its to compare.")
+        lines[:0] = [f"Benchmark: {why_not}: no ratio of its to compare.",
+                     f"  To compare, run the benchmark as the step's runs ran: "
+                     f"{benchmark_like_the_step(many, case)}; then pass its file to "
+                     f"ch07_figures.ratio_from_parts_lines."]
         return lines
     lines.insert(0, bench["words"] + ".")
     shaky = [f"{label(run, case)}{unreliable(run['cases'][case])}"

@@ -192,37 +192,60 @@ def draw_ring(ax, world, sends):
     return list(sends)
 
 
+def ring_figure():
+    """The animation's figure: the ring on the left, the ranks' values on the right."""
+    return new_figure(1, 2, height=3.2, width_ratios=[1, 3])
+
+
+# Where a chunk's outlines sit inside its cells (in cells): orange along the chunk's edge,
+# green well inside it, so a chunk both just received and finished shows both apart.
+RECEIVED_INSET, FINISHED_INSET = (0.03, 0.05), (0.13, 0.2)
+
+
+def draw_ring_frame(ring_ax, ax, frame, labels):
+    """One frame of ring_steps: the ring and the step's sends on ring_ax; on ax, the ranks'
+    values, each chunk just received outlined in orange along its edge, each finished one (the
+    whole sum) in green inside. Returns the outlines: {"received", "finished": {(rank, chunk):
+    Rectangle}}."""
+    ring_ax.clear()
+    ax.clear()
+    world = len(frame["values"])
+    bounds = torch.tensor([0] + frame["chunks"]).cumsum(0).tolist()
+    tensor_grid(ax, frame["values"], [f"rank {rank}" for rank in range(world)], labels)
+    for bound in bounds[1:-1]:
+        ax.axvline(bound - 0.5, color="#333333", lw=2)
+
+    def outline(rank, chunk, inset, lw, kind):
+        (dx, dy), start, end = inset, bounds[chunk] - 0.5, bounds[chunk + 1] - 0.5
+        return ax.add_patch(Rectangle((start + dx, rank - 0.5 + dy), end - start - 2 * dx,
+                                      1 - 2 * dy, fill=False, lw=lw, edgecolor=colour(kind),
+                                      zorder=4))
+
+    boxes = {"received": {(rank, chunk): outline(rank, chunk, RECEIVED_INSET, 3, "communication")
+                          for rank, chunk in frame["received"]},
+             "finished": {(rank, chunk): outline(rank, chunk, FINISHED_INSET, 2, "data")
+                          for rank, chunk in frame["finished"]}}
+    draw_ring(ring_ax, world, frame["sends"])
+    ring_ax.set_title("sends: rank r to r − 1", fontsize=10)
+    ring_ax.text(0, -1.45, "orange: just received", ha="center", va="top", fontsize=9,
+                 color=colour("communication"))
+    ring_ax.text(0, -1.8, "green: the whole sum", ha="center", va="top", fontsize=9,
+                 color=colour("data"))
+    return boxes
+
+
 def ring_animation(ranks, interval_ms=1400):
     """The ring all-reduce of the ranks' real gradients, one frame per step, as offline HTML:
     the ring with the step's sends on the left, the ranks' values on the right, chunks just
-    received outlined in orange, finished ones (the whole sum) in green. Returns (html, frames)."""
+    received outlined in orange, finished ones (the whole sum) in green inside them
+    (draw_ring_frame). Returns (html, frames)."""
     frames = ring_steps([record["gradients"]["before"] for record in ranks])
     labels = value_labels(ranks[0])
-    fig, (ring_ax, ax) = new_figure(1, 2, height=3.2, width_ratios=[1, 3])
-    names = [f"rank {rank}" for rank in range(len(ranks))]
+    fig, (ring_ax, ax) = ring_figure()
 
     def draw_frame(i):
-        ring_ax.clear()
-        ax.clear()
-        frame = frames[i]
-        bounds = torch.tensor([0] + frame["chunks"]).cumsum(0).tolist()
-        highlight = torch.zeros(frame["values"].shape, dtype=torch.bool)
-        for rank, chunk in frame["received"]:
-            highlight[rank, bounds[chunk]:bounds[chunk + 1]] = True
-        tensor_grid(ax, frame["values"], names, labels, highlight=highlight)
-        fig.suptitle(f"{i}/{len(frames) - 1}  {frame['title']}")
-        for rank, chunk in frame["finished"]:
-            ax.add_patch(Rectangle((bounds[chunk] - 0.4, rank - 0.4),
-                                       bounds[chunk + 1] - bounds[chunk] - 0.2, 0.8,
-                                       fill=False, lw=2, edgecolor=colour("data")))
-        for bound in bounds[1:-1]:
-            ax.axvline(bound - 0.5, color="#333333", lw=2)
-        draw_ring(ring_ax, len(names), frame["sends"])
-        ring_ax.set_title("sends: rank r to r − 1", fontsize=10)
-        ring_ax.text(0, -1.45, "orange: just received", ha="center", va="top", fontsize=9,
-                     color=colour("communication"))
-        ring_ax.text(0, -1.8, "green: the whole sum", ha="center", va="top", fontsize=9,
-                     color=colour("data"))
+        draw_ring_frame(ring_ax, ax, frames[i], labels)
+        fig.suptitle(f"{i}/{len(frames) - 1}  {frames[i]['title']}")
 
     return animate(fig, draw_frame, len(frames), interval_ms=interval_ms), frames
 
@@ -271,6 +294,7 @@ def draw_timeline(axes, ranks, steps=(1, 2), shown=(0, 1)):
             rows.update(timeline_rows(ranks[rank], step))
         drawn[step] = timeline(ax, rows, legend=step == steps[-1])
         ax.set_title(f"step {step}")
+        ax.tick_params(axis="x", labelbottom=True)   # numbered even when the panels share it
     return drawn
 
 
@@ -338,7 +362,7 @@ def draw_equivalence(ax, table):
             "ticks": [(name, float(x)) for name, (x, _) in zip(table.index, ticks)]}
 
 
-# The share of the change, and whether the gap follows the precision: chapter 5's two checks.
+# The share of the change, and whether the gap is rounding: chapter 5's two checks.
 # A difference in what the two runs compute (another learning rate, gradients summed rather
 # than averaged) moves their parameters apart by a share of what training moved them.
 SAME_TRAINING_SHARE = 0.01
@@ -350,25 +374,31 @@ def same_training_line(name, gap, change):
             f"{gap < SAME_TRAINING_SHARE * change}")
 
 
-def rounding_line(gap32, gap64, epoch=1):
-    """Whether the gap shrank with the precision, from the float32 and float64 gaps between the
-    two runs after the same training. Rounding makes the float64 gap smaller by about the ratio
-    of the two epsilons; a difference in what the runs compute leaves it about the same (a
-    ratio near 1). The line takes the one the measured ratio is nearer to, on a log scale:
-    above the square root of the epsilons' ratio, rounding."""
-    import math
-    eps_ratio = torch.finfo(torch.float32).eps / torch.finfo(torch.float64).eps
-    border = math.sqrt(eps_ratio)
+# Rounding alone moves the two runs apart by a few epsilons per step, compounding from step to
+# step; a difference in what they compute moves them apart by a share of the change training
+# made: in float64, billions of epsilons. The bound between the two is a floor for judgment,
+# far from both.
+ROUNDING_PER_STEP = 100  # epsilons of each type, per optimizer step taken
+
+
+def rounding_line(gap32, gap64, steps, epoch=1):
+    """Whether the float32 and float64 gaps between the two runs, after the same `steps`
+    optimizer steps, are rounding: each gap in epsilons of its own type, against
+    ROUNDING_PER_STEP epsilons per step taken. Rounding when both gaps are within it; else
+    the runs compute different things, and the line names the gap beyond it."""
     if gap32 == gap64 == 0:
         return f"after epoch {epoch}, both pairs of runs are identical: no gap to explain"
-    gap_ratio = gap32 / gap64 if gap64 else math.inf
-    shrank = gap_ratio > border
-    return (f"after epoch {epoch}, the float64 gap is {gap_ratio:.2g} times smaller than the "
-            f"float32 gap; rounding would make it about {eps_ratio:.2g} times smaller (the "
-            f"epsilons' ratio), a difference in what the runs compute about 1 time (the line "
-            f"between the two: {border:.2g}): "
-            + ("the gap shrank with the precision, so it is rounding" if shrank else
-               "the gap did NOT shrink with the precision: the runs compute different things"))
+    bound = ROUNDING_PER_STEP * steps
+    in_eps = {name: gap / torch.finfo(dtype).eps
+              for name, gap, dtype in (("float32", gap32, torch.float32),
+                                       ("float64", gap64, torch.float64))}
+    beyond = [name for name, value in in_eps.items() if value > bound]
+    verdict = ("both gaps are within it, so it is rounding" if not beyond else
+               f"{'both gaps are' if len(beyond) == 2 else f'the {beyond[0]} gap is'} beyond "
+               f"it, so the runs compute different things")
+    return (f"after epoch {epoch} ({steps} steps): the float32 gap is {in_eps['float32']:.2g} "
+            f"epsilons, the float64 gap {in_eps['float64']:.2g}; the bound for rounding alone: "
+            f"{bound:,} ({ROUNDING_PER_STEP} per step): {verdict}")
 
 
 # The samplers' checks: what each rank gets, epoch after epoch, against one process.

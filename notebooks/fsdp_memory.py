@@ -9,6 +9,7 @@ import json
 
 import pandas as pd
 import torch
+from matplotlib.patches import ConnectionPatch, Rectangle
 
 from ddp_scripts.recorders.memory_plan import (PARTS, PEAK_STRATEGIES, STATES_PER_PARAMETER,
                                                STRATEGIES, peak_agrees, peak_plan, plan)
@@ -187,38 +188,66 @@ def draw_held(ax, planned, measured, strategies=("one process", "DDP", "ZeRO-1",
     return stacked_bars(ax, bars, unit="MB per rank", total=totals)
 
 
+def unit_of(layer):
+    """The unit a hook point belongs to: "blocks.1" for "blocks.1.up" or "blocks.1 done", the
+    first part of any other layer's name ("head" for "head.0"), or the point itself ("start")."""
+    parts = layer.split(" ")[0].split(".")
+    return ".".join(parts[:2]) if parts[0] == "blocks" else parts[0]
+
+
+def layer_ticks(timeline):
+    """Where the step figure names its hook points: the first point of each unit, named after
+    the unit; a block's "done" point away from the block's own points, by its own name."""
+    ticks = {}
+    for i, point in enumerate(timeline):
+        unit = unit_of(point["layer"])
+        if not i or unit != unit_of(timeline[i - 1]["layer"]):
+            ticks[i] = point["layer"] if point["layer"].endswith(" done") else unit
+    return ticks
+
+
 def draw_step(ax, measured, ranks=None):
     """Bytes of weights held (shards and gathered units) at each hook point of one step: DDP's
-    rank 0 and FSDP's ranks. Returns {line label: [MB, ...]} as drawn."""
+    rank 0 and FSDP's ranks, each later FSDP rank drawn thinner on top of the first, so lines
+    that coincide both show (and a note says they do). The x-axis names the layers. Returns
+    {line label: [MB, ...]} as drawn."""
     world = max(rank for _, rank in measured) + 1
     ranks = ranks if ranks is not None else sorted({0, world - 1})
     lines = {"DDP, rank 0": measured[("DDP", 0)]["timeline"]}
     lines.update({f"FSDP, rank {r}": measured[("FSDP", r)]["timeline"] for r in ranks})
+    styles = [dict(color=colour("other"), lw=2), dict(color=colour("gather"), lw=5)]
+    styles += [dict(color=colour("", 2 * n), lw=1.8, linestyle="--") for n in range(len(ranks))]
     drawn = {}
-    for index, (label, timeline) in enumerate(lines.items()):
+    for (label, timeline), style in zip(lines.items(), styles):
         drawn[label] = [point["bytes"] / 1e6 for point in timeline]
-        style = "-" if label.startswith("DDP") else ("-" if index == 1 else ":")
-        ax.step(range(len(timeline)), drawn[label], style, where="post", label=label,
-                color=colour("other" if label.startswith("DDP") else "gather", index))
+        ax.step(range(len(timeline)), drawn[label], where="post", label=label, **style)
     fsdp = lines[f"FSDP, rank {ranks[0]}"]
+    same = [r for r in ranks[1:] if drawn[f"FSDP, rank {r}"] == drawn[f"FSDP, rank {ranks[0]}"]]
+    if same:
+        ax.text(0.5, 0.08, f"FSDP's ranks {', '.join(map(str, [ranks[0]] + same[:-1]))} and "
+                f"{same[-1]} hold the same bytes at every point: the lines coincide",
+                transform=ax.transAxes, ha="center", fontsize=10)
     turn = next(i for i, point in enumerate(fsdp) if point["phase"] == "backward")
     ax.axvline(turn - 0.5, color="#333333", linewidth=0.8)
     top = max(max(values) for values in drawn.values())
     ax.text(turn - 1, top * 0.3, "forward", ha="right")
     ax.text(turn, top * 0.3, "backward", ha="left")
-    ax.set_ylim(0, top * 1.1)
-    ax.set_xlabel("hook point in the step (a layer starts its forward or backward)")
+    ax.set_ylim(0, top * 1.3)   # room for the legend above the lines
+    ticks = layer_ticks(fsdp)
+    ax.set_xticks(list(ticks), list(ticks.values()), rotation=90)
+    ax.set_xticks(range(len(fsdp)), minor=True)
+    ax.set_xlabel("hook point: a layer starts its forward or backward")
     ax.set_ylabel("MB of weights held")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, frameon=False)
+    ax.legend(loc="upper center", ncol=3, frameon=False)
     return drawn
 
 
 # The peak's parts, grouped into the calculator's columns: they add up to the peak.
 PEAK_COLUMNS = {
-    "weights": ("parameters", "root whole", "block whole"),
+    "weights": ("parameters", "root whole", "block whole", "buffers"),
     "gradients": ("gradients", "gradients being made", "sharded gradients", "root's gradients",
                   "block's gradients"),
-    "optimizer": ("optimizer",),
+    "optimizer": ("optimizer", "step counts", "step temporaries"),
     "activations and batch": ("activations", "batch"),
     "activation gradients": ("activation gradients",),
     "communication buffers": ("DDP buckets", "all-gather output",
@@ -305,24 +334,57 @@ def collective_steps(pieces):
                 [piece.reshape(-1) for piece in torch.chunk(average, world)])}
 
 
+def slotted_grid(ax, pieces, names, title=None):
+    """tensor_grid of the ranks' pieces, each in its own slot of the whole tensor (rank r's in
+    slot r, its columns r x width to (r + 1) x width), the other slots blank."""
+    world, width = pieces.shape
+    whole = pieces.mean().repeat(world, world * width)   # blanks: a colour inside the range
+    for rank in range(world):
+        whole[rank, rank * width:(rank + 1) * width] = pieces[rank]
+    tensor_grid(ax, whole, names, fmt="{:+.2f}", title=title)
+    texts = list(ax.texts)
+    for rank in range(world):
+        for slot in range(world):
+            if slot != rank:
+                for text in texts[(rank * world + slot) * width:(rank * world + slot + 1) * width]:
+                    text.remove()
+                ax.add_patch(Rectangle((slot * width - 0.5, rank - 0.5), width, 1, fc="white",
+                                       ec="#cccccc", lw=0.8, zorder=1))
+
+
 def draw_collectives(axes, pieces):
-    """Four grids, one rank a row: the shards before the all-gather, the whole weight after
-    it, each rank's gradient before the reduce-scatter, its piece of the average after it.
-    The "after" grids are computed from the "before" ones (collective_steps); returns them,
-    with how far they are from what torch's collectives left on each rank."""
+    """Four grids, one rank a row, each as wide as the whole weight: the shards before the
+    all-gather, each in its own slot (rank r's in slot r), and the whole weight after it; each
+    rank's gradient before the reduce-scatter, and each rank's piece of the average after it,
+    in its slot. Arrows show who sends what: rank r's shard to slot r of every rank; slot r of
+    every rank's gradient to rank r. The "after" grids are computed from the "before" ones
+    (collective_steps); returns them, with how far they are from what torch's collectives left
+    on each rank."""
     grids = collective_steps(pieces)
     names = [f"rank {p['rank']}" for p in pieces]
-    width = grids["shard before all-gather"].shape[1]
-    titles = {"shard before all-gather": "before the all-gather: each rank's shard",
-              "whole after all-gather": "after: the whole weight on every rank",
-              "gradient before reduce-scatter": "before the reduce-scatter: each rank's "
-                                                "gradient",
-              "shard after reduce-scatter": "after: each rank's piece of the average"}
+    world, width = grids["shard before all-gather"].shape
+    titles = {"shard before all-gather": "all-gather: rank r's shard (above) lands in slot r "
+                                         "on every rank (below)",
+              "gradient before reduce-scatter": "reduce-scatter: the ranks' gradients (above); "
+                                                "rank r keeps slot r's average (below)"}
     for ax, (name, grid) in zip(axes, grids.items()):
-        tensor_grid(ax, grid, names, fmt="{:+.2f}", title=titles[name])
-        if grid.shape[1] > width:  # the whole tensor: a line between the ranks' pieces
-            for bound in range(width, grid.shape[1], width):
-                ax.axvline(bound - 0.5, color="#333333", lw=2)
+        if grid.shape[1] == width:
+            slotted_grid(ax, grid, names, titles.get(name))
+        else:
+            tensor_grid(ax, grid, names, fmt="{:+.2f}", title=titles.get(name))
+        for bound in range(width, world * width, width):   # a line between the slots
+            ax.axvline(bound - 0.5, color="#333333", lw=2)
+    fig = axes[0].figure
+    if fig.get_layout_engine() is not None:   # room between the grids for the arrows
+        fig.get_layout_engine().set(hspace=0.1)
+    for rank in range(world):
+        middle = (rank + 0.5) * width - 0.5
+        for (top, start), (bottom, end) in (((axes[0], rank + 0.3), (axes[1], -0.5)),
+                                            ((axes[2], world - 0.5), (axes[3], rank - 0.3))):
+            fig.add_artist(ConnectionPatch((middle, start), (middle, end), "data", "data",
+                                           axesA=top, axesB=bottom, arrowstyle="-|>", lw=2,
+                                           mutation_scale=14, color=colour("communication"),
+                                           zorder=5))
     real = {name: torch.tensor([sum(p[name], []) for p in pieces], dtype=torch.float64)
             for name in ("whole after all-gather", "shard after reduce-scatter")}
     gaps = {name: float((grids[name] - real[name]).abs().max()) for name in real}

@@ -57,6 +57,7 @@ def draw_overlap(overlap, steps=(0, -1)):
         title = f"step {number}: {count} bucket{'s' if count > 1 else ''}"
         drawn[title] = timeline(ax, rows, legend=n == len(steps) - 1)
         ax.set_title(title, loc="left")
+        ax.tick_params(axis="x", labelbottom=True)   # numbered, though the panels share it
         if n < len(steps) - 1:
             ax.set_xlabel("")
     axes[-1].set_xlabel("time since the first rank began backward (ms)")

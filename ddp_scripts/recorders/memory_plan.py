@@ -26,12 +26,19 @@ out), counted on the meta device: a forward pass of a copy of the model with no 
 even a model too large for this machine can be planned. The per-rank batch is batch / ranks
 (the whole batch for one process).
 
+Any nn.Module can be planned, built on the meta device: `sample_shape` gives one input
+sample's shape, or `make_input` a batch of another kind (token ids for nn.Embedding), and
+`units` the modules fully_shard makes units of their own (their names name the points of the
+step). The optimizer is SGD with momentum or Adam (STATES_PER_PARAMETER). Every rank also
+holds the model's buffers whole (BatchNorm's running statistics).
+
 The model's parameters give the shapes; its dtype is replaced by `dtype`. plan() leaves out
 the communication buffers: DDP's buckets (another G, unless gradient_as_bucket_view=True),
 which the Reducer allocates once and keeps from step to step, and FSDP's, which live only
 during the step. peak_plan() walks the step's points with them and names the point of the
-peak. Neither counts mixed precision's second
-copy, the CUDA context, cuBLAS's workspace or the caching allocator's slack.
+peak. Neither counts mixed precision's second copy, the CUDA context, NCCL's buffers,
+cuBLAS's workspace or the caching allocator's slack: on a GPU, compare the peak with the free
+bytes torch.cuda.mem_get_info() reports once the CUDA context exists.
 """
 import copy
 import math
@@ -43,13 +50,19 @@ from torch.utils._pytree import tree_flatten
 
 STRATEGIES = ("one process", "DDP", "ZeRO-1", "FSDP")
 PARTS = ("parameters", "gradients", "optimizer", "activations", "gathered")
-# Tensors of optimizer state per parameter, each the parameter's size. The calculator plans
-# SGD with momentum only, as the scripts train: its step updates the momentum and the
-# weights in place (optim/sgd.py:364, 378; foreach 445-446, 472), so the step adds nothing to the peak. Adam's step
-# makes temporaries the rules do not predict: in its foreach form, PyTorch's default on CUDA
-# (optim/optimizer.py:170-191), torch._foreach_sqrt makes a state-sized copy
-# (optim/adam.py:762).
-STATES_PER_PARAMETER = {"sgd-momentum": 1}
+# Tensors of optimizer state per parameter, each the parameter's size: SGD's momentum; Adam's
+# two moments, exp_avg and exp_avg_sq.
+STATES_PER_PARAMETER = {"sgd-momentum": 1, "adam": 2}
+# State-sized temporaries the step makes, all alive at once. SGD with momentum updates the
+# momentum and the weights in place (optim/sgd.py:364, 378; foreach 445-446, 472): none. Adam
+# in its foreach form, PyTorch's default on CUDA (optim/optimizer.py:170-191) and planned here,
+# takes the square root of every exp_avg_sq at once into new tensors (optim/adam.py:762,
+# torch._foreach_sqrt) and updates the rest in place: one state's size. (Its for-loop form,
+# the default on a CPU, makes two temporaries of one parameter at a time instead.)
+STEP_TEMPORARIES = {"sgd-momentum": 0, "adam": 1}
+# Optimizers that keep a step count per parameter: a number of its own, on the CPU unless
+# Adam is capturable or fused (optim/adam.py:179-187), in torch's scalar dtype.
+COUNTS_STEPS = {"adam"}
 
 
 def nbytes(numel, dtype):
@@ -72,13 +85,46 @@ def zero1_owners(numels, ranks):
     return owner
 
 
-def activation_bytes(model, batch, dtype, sample_shape=(3, 32, 32), classes=10):
+def make_batch(batch, dtype, sample_shape=(3, 32, 32), make_input=None):
+    """The batch on the meta device: (inputs, labels). By default `batch` samples of
+    sample_shape in dtype and one class label (int64) each; make_input(batch) gives any other
+    (token ids, say: torch.zeros(batch, seq, dtype=torch.long)), made on the meta device."""
+    with torch.device("meta"):
+        if make_input is not None:
+            inputs, labels = make_input(batch)
+            return inputs.to("meta"), labels.to("meta")
+        return (torch.zeros(batch, *sample_shape, dtype=dtype),
+                torch.zeros(batch, dtype=torch.long))
+
+
+def held_by_the_model(model):
+    """Storages of the model's parameters and buffers (BatchNorm's running statistics)."""
+    return {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
+
+
+def buffer_bytes(model, dtype):
+    """Bytes of the model's buffers as .to(dtype) leaves them (floating ones in dtype)."""
+    return sum(nbytes(b.numel(), dtype if b.is_floating_point() else b.dtype)
+               for b in model.buffers())
+
+
+def step_counts(numels, optimizer):
+    """Bytes of the optimizer's step counts for these parameters (see COUNTS_STEPS)."""
+    if optimizer not in COUNTS_STEPS:
+        return 0
+    from torch.optim.optimizer import _get_scalar_dtype
+    return nbytes(len(numels), _get_scalar_dtype())
+
+
+def activation_bytes(model, batch, dtype, sample_shape=(3, 32, 32), classes=10,
+                     make_input=None):
     """Bytes autograd saves for backward in one forward pass and the loss (cross entropy), the
-    weights left out, each storage once; counted on the meta device (nothing is allocated)."""
+    weights and buffers left out, each storage once; counted on the meta device (nothing is
+    allocated)."""
     if batch == 0:
         return 0
     meta = copy.deepcopy(model).to(device="meta", dtype=dtype)
-    weights = {p.untyped_storage()._cdata for p in meta.parameters()}
+    weights = held_by_the_model(meta)
     saved = {}
 
     def pack(tensor):
@@ -87,31 +133,32 @@ def activation_bytes(model, batch, dtype, sample_shape=(3, 32, 32), classes=10):
             saved[storage._cdata] = storage.nbytes()
         return tensor
 
-    images = torch.zeros(batch, *sample_shape, dtype=dtype, device="meta")
-    labels = torch.zeros(batch, dtype=torch.long, device="meta")
+    images, labels = make_batch(batch, dtype, sample_shape, make_input)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         F.cross_entropy(meta(images), labels)
     return sum(saved.values())
 
 
 def plan(model, batch, ranks, dtype=torch.float32, optimizer="sgd-momentum", units=(),
-         sample_shape=(3, 32, 32)):
+         sample_shape=(3, 32, 32), make_input=None):
     """{strategy: [{part: bytes} for each rank]} for STRATEGIES (one process: one rank).
 
-    batch: the global batch, split evenly over the ranks. units: the modules that fully_shard
-    makes units of their own (the rest belongs to the root). optimizer: a key of
-    STATES_PER_PARAMETER."""
+    model: any nn.Module whose forward takes the batch's inputs (build it on the meta device:
+    only the shapes are read). batch: the global batch, split evenly over the ranks. units: the
+    modules that fully_shard makes units of their own (the rest belongs to the root).
+    optimizer: a key of STATES_PER_PARAMETER. sample_shape: one input sample's shape;
+    make_input: a batch of another kind (see make_batch)."""
     if ranks < 1 or batch % ranks:
         raise ValueError(f"a global batch of {batch} does not split evenly over {ranks} rank(s)")
     if optimizer not in STATES_PER_PARAMETER:
-        raise ValueError(f"the calculator plans {', '.join(STATES_PER_PARAMETER)} only: Adam's "
-                         "step makes temporaries it does not predict")
+        raise ValueError(f"the calculator plans {', '.join(STATES_PER_PARAMETER)} only, "
+                         f"not {optimizer!r}")
     k = STATES_PER_PARAMETER[optimizer]
     params = list(model.parameters())
     numels = [p.numel() for p in params]
     whole = nbytes(sum(numels), dtype)
-    one = activation_bytes(model, batch, dtype, sample_shape)
-    per_rank = activation_bytes(model, batch // ranks, dtype, sample_shape)
+    one = activation_bytes(model, batch, dtype, sample_shape, make_input=make_input)
+    per_rank = activation_bytes(model, batch // ranks, dtype, sample_shape, make_input=make_input)
     replicated = dict(parameters=whole, gradients=whole, optimizer=k * whole, gathered=0)
     result = {"one process": [dict(replicated, activations=one)],
               "DDP": [dict(replicated, activations=per_rank) for _ in range(ranks)]}
@@ -145,7 +192,8 @@ def gathered_bytes(model, units, dtype):
 # ---------------------------------------------------------------------------------------
 PEAK_STRATEGIES = ("one process", "DDP", "DDP, bucket view", "ZeRO-1", "FSDP")
 # Rules that a test can switch off, to see the check against torch's tracker fail.
-RULES = {"bucket": True, "all-gather buffers": True, "reduce-scatter buffer": True}
+RULES = {"bucket": True, "all-gather buffers": True, "reduce-scatter buffer": True,
+         "step temporaries": True}
 # Ops whose backward hands the gradient of their output on as the gradient of their inputs,
 # with no new tensor: a sum passes it to both terms (tools/autograd/derivatives.yaml in
 # PyTorch's repository, add.Tensor: "self: handle_r_to_c(self.scalar_type(), grad)", and
@@ -172,7 +220,7 @@ def peak_agrees(predicted, tracked, allowed=EXACT):
     return abs(tracked - predicted) <= allowed
 
 
-def op_trace(model, batch, dtype, sample_shape=(3, 32, 32), units=()):
+def op_trace(model, batch, dtype, sample_shape=(3, 32, 32), units=(), make_input=None):
     """The forward pass and the loss (cross entropy), op by op, traced on the meta device
     (nothing is allocated), and what autograd holds at each op in forward and in backward.
 
@@ -192,7 +240,7 @@ def op_trace(model, batch, dtype, sample_shape=(3, 32, 32), units=()):
     two gradients summed into a new one (input_buffer.h: "avoid modifying the passed values
     in-place"); the loss's gradient, 1, is kept by the graph's root to the end
     (functions/basic_ops.h, GraphRoot::outputs), and the loss by the caller.
-    The input batch and the weights are left out: the caller counts them."""
+    The input batch, the weights and the buffers are left out: the caller counts them."""
     unit_of = {id(m): index for index, unit in enumerate(units) for m in unit.modules()}
     meta = copy.deepcopy(model).to(device="meta", dtype=dtype)
     names = {copied: name for (name, _), copied in zip(model.named_modules(), meta.modules())}
@@ -206,10 +254,10 @@ def op_trace(model, batch, dtype, sample_shape=(3, 32, 32), units=()):
     for module in meta.modules():
         module.register_forward_pre_hook(lambda m, inputs: running.append(m))
         module.register_forward_hook(leave)
-    images = torch.zeros(batch, *sample_shape, dtype=dtype, device="meta")
-    labels = torch.zeros(batch, dtype=torch.long, device="meta")
+    images, labels = make_batch(batch, dtype, sample_shape, make_input)
     weights = {p.untyped_storage()._cdata for p in meta.parameters()}
-    batch_storages = {images.untyped_storage()._cdata, labels.untyped_storage()._cdata}
+    left_out = held_by_the_model(meta) | {images.untyped_storage()._cdata,
+                                          labels.untyped_storage()._cdata}
     ops, packed, keep = [], [], []
 
     def pack(tensor):
@@ -227,14 +275,14 @@ def op_trace(model, batch, dtype, sample_shape=(3, 32, 32), units=()):
             ops.append({"func": getattr(func, "__name__", str(func)),
                         "name": names.get(module, ""), "unit": units_of.get(module),
                         "weights": sum(_storage(t)[1] for t in tensors if _storage(t)[0] in weights),
-                        "inputs": [t for t in tensors if _storage(t)[0] not in weights | batch_storages],
+                        "inputs": [t for t in tensors if _storage(t)[0] not in left_out],
                         "outputs": outputs, "packed": list(packed)})
             return output
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), Trace():
         F.cross_entropy(meta(images), labels)
-    _lifetimes(ops, weights | batch_storages)
-    return ops, nbytes(images.numel(), dtype) + nbytes(labels.numel(), torch.long)
+    _lifetimes(ops, left_out)
+    return ops, _gradient_bytes(images) + _gradient_bytes(labels)
 
 
 def _storage(tensor):
@@ -350,13 +398,13 @@ def backward_points(ops, held, grads_of, extra=lambda index: {}):
 
 
 def peak_plan(model, batch, ranks, dtype=torch.float32, optimizer="sgd-momentum", units=(),
-              sample_shape=(3, 32, 32), rules=None):
+              sample_shape=(3, 32, 32), rules=None, make_input=None):
     """{strategy: [{"peak", "at", "parts", "points"} for each rank]} for PEAK_STRATEGIES, in a
     step after the first (the optimizer state exists, the gradients were set to None);
     "points" gives the highest total at each point of the step, named by the model's own
     modules ("forward of blocks.0", "backward of blocks.1.up", "backward of the root" for the
     loss and the model's own code). FSDP's rows add "gloo clone": the most a gloo run's
-    reduce-scatter may hold beside them (see EXACT).
+    reduce-scatter may hold beside them (see EXACT). The arguments are plan's.
 
     Each rule below is PyTorch 2.14.1's (torch/ paths):
     - Autograd (op_trace): an op's saved tensors are freed once its backward has run, and the
@@ -380,20 +428,31 @@ def peak_plan(model, batch, ranks, dtype=torch.float32, optimizer="sgd-momentum"
       input, the padded gradients of a unit, is kept until the next unit's reduce-scatter
       (_fsdp_param_group.py:113, 660-680), and the unsharded gradients are freed only after
       the copy-in (_fsdp_collectives.py:597-606). World size 1 skips the all-gather
-      (_fsdp_param_group.py:402-414) but still copies into a reduce-scatter input."""
+      (_fsdp_param_group.py:402-414) but still copies into a reduce-scatter input.
+    - The optimizer step: the weights, their gradients (sharded under FSDP, whose root is
+      resharded after backward), the state and the step's temporaries (STEP_TEMPORARIES).
+    Every rank holds the model's buffers whole, and Adam's step counts (COUNTS_STEPS: a
+    CPU's memory, as the tracker counts it on a CPU; a GPU's only when capturable or fused)."""
     rules = dict(RULES, **(rules or {}))
     if ranks < 1 or batch % ranks:
         raise ValueError(f"a global batch of {batch} does not split evenly over {ranks} rank(s)")
-    steady = plan(model, batch, ranks, dtype, optimizer, units, sample_shape)
+    steady = plan(model, batch, ranks, dtype, optimizer, units, sample_shape, make_input)
     unit_names = _unit_names(model, units)
+    numels = [p.numel() for p in model.parameters()]
+    owners = zero1_owners(numels, ranks)
     result = {}
     for strategy in PEAK_STRATEGIES:
         per_rank = batch if strategy == "one process" else batch // ranks
-        ops, inputs = op_trace(model, per_rank, dtype, sample_shape, units)
+        ops, inputs = op_trace(model, per_rank, dtype, sample_shape, units, make_input)
         ranks_here = 1 if strategy == "one process" else ranks
         rows = []
         for rank in range(ranks_here):
-            held = steady["FSDP" if strategy == "FSDP" else strategy.split(",")[0]][rank]
+            held = dict(steady["FSDP" if strategy == "FSDP" else strategy.split(",")[0]][rank])
+            own = [n for n, owner in zip(numels, owners) if owner == rank] if (
+                strategy == "ZeRO-1") else numels
+            held.update(buffers=buffer_bytes(model, dtype), counts=step_counts(own, optimizer),
+                        temporaries=held["optimizer"] // STATES_PER_PARAMETER[optimizer]
+                        * STEP_TEMPORARIES[optimizer] * rules["step temporaries"])
             if strategy == "FSDP":
                 points = fsdp_points(model, ops, units, unit_names, ranks, dtype, held, inputs,
                                      rules)
@@ -414,7 +473,7 @@ def peak_plan(model, batch, ranks, dtype=torch.float32, optimizer="sgd-momentum"
 
 def replicated_points(strategy, ops, held, inputs, rules):
     """One process, DDP and ZeRO-1: every rank holds every weight."""
-    base = {"parameters": held["parameters"], "optimizer": held["optimizer"], "batch": inputs}
+    base = _held_all_step(held, inputs)
     if strategy in ("DDP", "ZeRO-1", "DDP, bucket view") and rules["bucket"]:
         base["DDP buckets"] = held["gradients"]
     view = strategy == "DDP, bucket view"
@@ -425,8 +484,26 @@ def replicated_points(strategy, ops, held, inputs, rules):
                 sum(op["weights"] for op in made)}
 
     points = backward_points(ops, base, grads_of)
-    points.append(("optimizer step", dict(base, **grads_of(0))))
+    points.append(_step_point(base, held, 0 if view else held["gradients"]))
     return points
+
+
+def _held_all_step(held, inputs):
+    """What a rank holds from one step to the next: its weights, its optimizer state, the
+    model's buffers, the step counts (if any), and the batch."""
+    base = {"parameters": held["parameters"], "optimizer": held["optimizer"]}
+    base.update({part: held[key] for part, key in (("buffers", "buffers"),
+                                                  ("step counts", "counts")) if held[key]})
+    base["batch"] = inputs
+    return base
+
+
+def _step_point(base, held, gradients, kind="gradients"):
+    """The optimizer step: the gradients beside what is held, and the step's temporaries."""
+    parts = dict(base, **{kind: gradients})
+    if held["temporaries"]:
+        parts["step temporaries"] = held["temporaries"]
+    return "optimizer step", parts
 
 
 def fsdp_points(model, ops, units, unit_names, ranks, dtype, held, inputs, rules):
@@ -437,8 +514,7 @@ def fsdp_points(model, ops, units, unit_names, ranks, dtype, held, inputs, rules
     gather = rules["all-gather buffers"] and ranks > 1
     scatter = rules["reduce-scatter buffer"]
     sharded_grad = [padded[i] // ranks for i in range(len(units))]
-    base = {"parameters": held["parameters"], "optimizer": held["optimizer"], "batch": inputs,
-            "root whole": root_padded}
+    base = dict(_held_all_step(held, inputs), **{"root whole": root_padded})
     points = []
     for index, name in enumerate(unit_names):
         first, last = _first(ops, index), _last(ops, index)
@@ -495,11 +571,12 @@ def fsdp_points(model, ops, units, unit_names, ranks, dtype, held, inputs, rules
         points += _reduce_scatter(f"reduce-scatter of {name}", parts, scatter, padded[index],
                                   ranks, sum(op["weights"] for op in ops if op["unit"] == index),
                                   "block's gradients")
-    parts = {key: base[key] for key in ("parameters", "optimizer", "batch")}
+    parts = {key: value for key, value in base.items() if key != "root whole"}
     parts["sharded gradients"] = sum(sharded_grad)
     points += _reduce_scatter("reduce-scatter of the root", parts, scatter, root_padded, ranks,
                               sum(op["weights"] for op in ops if op["unit"] is None),
                               "root's gradients")
+    points.append(_step_point(parts, held, held["gradients"], "sharded gradients"))
     return points
 
 

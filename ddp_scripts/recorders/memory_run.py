@@ -75,6 +75,10 @@ from ddp_scripts.recorders.memory_plan import PEAK_STRATEGIES
 from ddp_scripts.sharding import WideMLP
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+# The optimizers memory_plan plans, as a run makes them. Adam in its foreach form, CUDA's
+# default, which memory_plan predicts (a CPU's default is its for-loop form).
+OPTIMIZERS = {"sgd-momentum": (torch.optim.SGD, dict(lr=0.01, momentum=0.9)),
+              "adam": (torch.optim.Adam, dict(lr=0.01, foreach=True))}
 
 
 def storage_bytes(tensors):
@@ -88,7 +92,7 @@ def storage_bytes(tensors):
     return sum(storages.values())
 
 
-def build(strategy, width, depth, dtype, device, mesh=None):
+def build(strategy, width, depth, dtype, device, mesh=None, optimizer="sgd-momentum"):
     torch.manual_seed(0)
     model = WideMLP(width, depth)
     first = next(model.parameters())  # made in dtype already under fake_peak, whose fake
@@ -105,10 +109,10 @@ def build(strategy, width, depth, dtype, device, mesh=None):
         model = DDP(model, gradient_as_bucket_view=True)
     if isinstance(model, DDP) and dist.get_backend() == "fake":
         model.register_comm_hook(None, all_reduce_in_place)
+    kind, settings = OPTIMIZERS[optimizer]
     if strategy == "ZeRO-1":
-        return model, ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.01,
-                                              momentum=0.9)
-    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        return model, ZeroRedundancyOptimizer(model.parameters(), kind, **settings)
+    return model, kind(model.parameters(), **settings)
 
 
 def all_reduce_in_place(state, bucket):
@@ -241,14 +245,16 @@ def forward_peaks(tracker, model):
 TRACKED_STEPS = 3
 
 
-def tracked_peak(strategy, width, depth, batch, dtype, device, mesh=None):
+def tracked_peak(strategy, width, depth, batch, dtype, device, mesh=None,
+                 optimizer="sgd-momentum"):
     """TRACKED_STEPS steps under torch's tracker; the last step's peak, in bytes, with its
     categories and the point where it last rose (and, on a GPU, the allocator's peaks)."""
     generator = torch.Generator().manual_seed(dist.get_rank() if dist.is_initialized() else 0)
     images = torch.randn(batch, 3, 32, 32, generator=generator, dtype=dtype).to(device)
     labels = torch.randint(0, 10, (batch,), generator=generator).to(device)
+    kind = optimizer
     if strategy == "FSDP":  # FSDPMemTracker takes the sharded model; made outside it
-        model, optimizer = build(strategy, width, depth, dtype, device, mesh)
+        model, optimizer = build(strategy, width, depth, dtype, device, mesh, kind)
         tracker = FSDPMemTracker(model, optimizer)
         tracker.track_inputs((images, labels))
     else:  # made inside the tracker, so that it sees DDP's buckets allocated
@@ -258,7 +264,7 @@ def tracked_peak(strategy, width, depth, batch, dtype, device, mesh=None):
     note_where_the_peak_rises(tracker, where)
     with tracker:
         if strategy != "FSDP":
-            model, optimizer = build(strategy, width, depth, dtype, device)
+            model, optimizer = build(strategy, width, depth, dtype, device, optimizer=kind)
         if device.type == "cuda":  # the workspaces an earlier strategy left: the first step
             torch._C._cuda_clearCublasWorkspaces()  # makes its own, measured below
         before = requested(device)
@@ -300,7 +306,7 @@ def requested(device):
     return torch.cuda.memory_stats(device)["requested_bytes.all.current"]
 
 
-def fake_peak(strategy, width, depth, batch, ranks, rank, dtype):
+def fake_peak(strategy, width, depth, batch, ranks, rank, dtype, optimizer="sgd-momentum"):
     """tracked_peak for one rank of `ranks`, in this process, in a fake process group: each
     tensor made under FakeTensorMode, with shapes and no memory. DDP's rows are the
     exception: its Reducer reads its tensors' data (it checks their shapes across the ranks
@@ -316,15 +322,16 @@ def fake_peak(strategy, width, depth, batch, ranks, rank, dtype):
         fake = FakeTensorMode() if strategy in ("one process", "FSDP") else contextlib.nullcontext()
         with fake:
             return {**tracked_peak(strategy, width, depth, batch, dtype, torch.device("cpu"),
-                                   mesh), "rank": rank, "mode": "fake"}
+                                   mesh, optimizer), "rank": rank, "mode": "fake"}
     finally:
         torch.set_default_dtype(default)
         leave_process_group()  # after every DDP model is freed
 
 
-def fake_peaks(width, depth, global_batch_size, ranks, dtype, strategies=PEAK_STRATEGIES):
+def fake_peaks(width, depth, global_batch_size, ranks, dtype, strategies=PEAK_STRATEGIES,
+               optimizer="sgd-momentum"):
     """fake_peak for every strategy and rank (one process: one rank, the whole batch), as the
-    lines of peaks.jsonl."""
+    lines of peaks.jsonl; `optimizer` a key of OPTIMIZERS."""
     settings = {"world_size": ranks, "width": width, "depth": depth,
                 "dtype": str(dtype).removeprefix("torch."),
                 "global_batch_size": global_batch_size, "device": "cpu"}
@@ -332,7 +339,7 @@ def fake_peaks(width, depth, global_batch_size, ranks, dtype, strategies=PEAK_ST
         raise UsageError(f"--global-batch-size {global_batch_size} does not split over "
                          f"{ranks} ranks")
     return [{**settings, **fake_peak(strategy, width, depth, global_batch_size // n, n, rank,
-                                     dtype)}
+                                     dtype, optimizer)}
             for strategy in strategies
             for n in [1 if strategy == "one process" else ranks] for rank in range(n)]
 

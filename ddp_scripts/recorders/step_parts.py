@@ -7,7 +7,8 @@
 
 --model times your own model instead of the book's CNN: package.module:callable or
 file.py:callable, called with --kwargs (a JSON object), fed zeros of --input-shape (one sample's
-shape) in --input-dtype (long for token models); its loss is fit/trace.py's loss_of.
+shape) in --input-dtype (long for token models); its loss is fit/trace.py's loss_of. The
+benchmark's ResNet-18 is ddp_scripts.models:cifar_resnet18 (--input-shape 3,32,32).
 
 Each step is timed phase by phase, after a synchronize (a no-op on the CPU) so that a phase's
 clock includes its GPU work: waiting for the data, copying it to the device, forward, backward,

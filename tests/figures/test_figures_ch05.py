@@ -97,6 +97,39 @@ def test_the_animation_is_offline_html_of_every_step(ranks):
     assert "cdnjs" not in html.data and len(html.data) < 1_500_000
 
 
+def stroke(box):
+    """A drawn rectangle's outline, in pixels: (outer, inner) boxes, the two edges of its line."""
+    corners = box.get_transform().transform(box.get_path().vertices)
+    (x0, y0), (x1, y1) = corners.min(0), corners.max(0)
+    half = box.get_linewidth() * box.figure.dpi / 72 / 2
+    return (x0 - half, y0 - half, x1 + half, y1 + half), (x0 + half, y0 + half, x1 - half, y1 - half)
+
+
+def inside(a, b):
+    return b[0] < a[0] and b[1] < a[1] and a[2] < b[2] and a[3] < b[3]
+
+
+def apart(a, b):
+    return a[2] < b[0] or b[2] < a[0] or a[3] < b[1] or b[3] < a[1]
+
+
+def test_the_rings_orange_and_green_outlines_never_overlap(ranks):
+    frames = ddp_figures.ring_steps([r["gradients"]["before"] for r in ranks])
+    for number, frame in enumerate(frames):
+        fig, (ring_ax, ax) = ddp_figures.ring_figure()
+        boxes = ddp_figures.draw_ring_frame(ring_ax, ax, frame, ddp_figures.value_labels(ranks[0]))
+        fig.canvas.draw()
+        assert sorted(boxes["received"]) == sorted(frame["received"])
+        assert sorted(boxes["finished"]) == sorted(frame["finished"])
+        for orange in boxes["received"].values():
+            for green in boxes["finished"].values():
+                (o_out, o_in), (g_out, g_in) = stroke(orange), stroke(green)
+                assert apart(o_out, g_out) or inside(g_out, o_in) or inside(o_out, g_in), number
+        matplotlib.pyplot.close(fig)
+    both = [i for i, f in enumerate(frames) if set(f["received"]) & set(f["finished"])]
+    assert both, "a chunk both just received and finished: the case the outlines must keep apart"
+
+
 def test_the_timeline_draws_the_hooks_times(ranks, figure):
     drawn = ddp_figures.draw_timeline(figure(2, 1)[1], ranks)
     for step in (1, 2):
@@ -114,6 +147,14 @@ def test_the_timeline_draws_the_hooks_times(ranks, figure):
     # from step 2 on, the first bucket is sent before backward has made the last gradient
     first_send = min(e["start"] for e in second if e["kind"] == "all-reduce")
     assert first_send < max(e["at"] for e in second if e["kind"] == "gradient")
+
+
+def test_the_timelines_top_panel_numbers_its_time_axis(ranks, figure):
+    fig, axes = figure(2, 1, height=5.0, sharex=True)   # as the chapter draws it
+    ddp_figures.draw_timeline(axes, ranks)
+    fig.canvas.draw()
+    top, bottom = ([label.get_text() for label in ax.get_xticklabels()] for ax in axes)
+    assert top == bottom and len(top) > 1
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +200,14 @@ def test_the_equivalence_figure_draws_the_tables_gaps_and_changes(small_run, fig
 
 # Chapter 5's checks of DDP against one process, fed two real trainings of a small model: one
 # as one process with the whole batch, one as DDP computes it (each rank's mean gradient over
-# its share, averaged over the ranks). The planted flaw: the ranks' gradients summed, not
-# averaged, a difference in what the two runs compute.
-def trained_two_ways(dtype, averaged=True, ranks=4, batch=8, steps=40):
+# its share, averaged over the ranks). The planted flaws are differences in what the two runs
+# compute: the ranks' gradients summed, not averaged; DDP's learning rate 0.1% higher; one
+# sample left out of one rank's share in the first step.
+STEPS = 40
+
+
+def trained_two_ways(dtype, averaged=True, ranks=4, batch=8, steps=STEPS, ddp_lr=0.1,
+                     dropped_sample=False):
     """The largest parameter difference between the two trainings, and the largest change
     training made."""
     torch.manual_seed(0)
@@ -170,13 +216,16 @@ def trained_two_ways(dtype, averaged=True, ranks=4, batch=8, steps=40):
     images = torch.randn(steps, ranks * batch, 20, dtype=dtype)
     labels = torch.randint(0, 5, (steps, ranks * batch))
     one, ddp = (copy.deepcopy(start) for _ in range(2))
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (one, ddp)]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9)
+                  for m, lr in ((one, 0.1), (ddp, ddp_lr))]
     loss = torch.nn.functional.cross_entropy
-    for x, y in zip(images, labels):
+    for step, (x, y) in enumerate(zip(images, labels)):
         for optimizer in optimizers:
             optimizer.zero_grad()
         loss(one(x), y).backward()
-        for x_rank, y_rank in zip(x.chunk(ranks), y.chunk(ranks)):
+        for rank, (x_rank, y_rank) in enumerate(zip(x.chunk(ranks), y.chunk(ranks))):
+            if dropped_sample and step == rank == 0:
+                x_rank, y_rank = x_rank[1:], y_rank[1:]
             loss(ddp(x_rank), y_rank).backward()   # accumulates: the sum over the ranks
         if averaged:
             for p in ddp.parameters():
@@ -189,30 +238,59 @@ def trained_two_ways(dtype, averaged=True, ranks=4, batch=8, steps=40):
     return largest(one, ddp), largest(ddp, start)
 
 
-def test_planted_summed_gradients_the_gap_does_not_follow_the_precision():
-    (gap32, change32), (gap64, change64) = (trained_two_ways(dtype, averaged=False)
-                                            for dtype in (torch.float32, torch.float64))
-    line = ddp_figures.rounding_line(gap32, gap64)
-    assert line.endswith("the gap did NOT shrink with the precision: the runs compute "
-                         "different things"), line
+def both_types(**flaw):
+    return [trained_two_ways(dtype, **flaw) for dtype in (torch.float32, torch.float64)]
+
+
+DIFFERENT = "so the runs compute different things"
+
+
+def test_planted_summed_gradients_are_not_rounding():
+    (gap32, change32), (gap64, change64) = both_types(averaged=False)
+    line = ddp_figures.rounding_line(gap32, gap64, STEPS)
+    assert line.endswith(f"both gaps are beyond it, {DIFFERENT}"), line
     assert ddp_figures.same_training_line("float32", gap32, change32).endswith(": False")
     assert ddp_figures.same_training_line("float64", gap64, change64).endswith(": False")
 
 
+def test_planted_a_learning_rate_0_1_percent_higher_is_not_rounding():
+    # float32 cannot tell it from its roundings; float64 can, by billions of epsilons
+    (gap32, _), (gap64, _) = both_types(ddp_lr=0.1 * 1.001)
+    line = ddp_figures.rounding_line(gap32, gap64, STEPS)
+    assert gap32 / torch.finfo(torch.float32).eps < ddp_figures.ROUNDING_PER_STEP * STEPS
+    assert line.endswith(f"the float64 gap is beyond it, {DIFFERENT}"), line
+
+
+def test_planted_a_sample_left_out_once_is_not_rounding():
+    (gap32, _), (gap64, _) = both_types(dropped_sample=True)
+    line = ddp_figures.rounding_line(gap32, gap64, STEPS)
+    assert DIFFERENT in line and "so it is rounding" not in line, line
+
+
 def test_right_case_averaged_gradients_differ_by_rounding_only():
-    (gap32, change32), (gap64, change64) = (trained_two_ways(dtype)
-                                            for dtype in (torch.float32, torch.float64))
+    (gap32, change32), (gap64, change64) = both_types()
     assert 0 < gap64 < gap32   # the two orders of addition round differently, more so in float32
-    line = ddp_figures.rounding_line(gap32, gap64)
-    assert line.endswith("the gap shrank with the precision, so it is rounding"), line
+    line = ddp_figures.rounding_line(gap32, gap64, STEPS)
+    assert line.endswith("both gaps are within it, so it is rounding"), line
     assert ddp_figures.same_training_line("float32", gap32, change32).endswith(": True")
     assert ddp_figures.same_training_line("float64", gap64, change64).endswith(": True")
-    # the build's epoch: float32's roundings compounded to 69 epsilons, float64's stayed at 0.56,
-    # so the gaps' ratio exceeds the epsilons' 120 times over: still rounding
-    assert ddp_figures.rounding_line(8.26e-06, 1.25e-16).endswith("so it is rounding")
+    # the build's epoch 1 (32 steps): float32's roundings compounded to 69 epsilons, float64's
+    # stayed at 0.56; both far inside the bound
+    line = ddp_figures.rounding_line(8.26e-06, 1.25e-16, 32)
+    assert "the float32 gap is 69 epsilons, the float64 gap 0.56" in line, line
+    assert line.endswith("so it is rounding"), line
     # identical runs leave nothing to explain; a float64 pair identical to the bit, only rounding
-    assert "no gap to explain" in ddp_figures.rounding_line(0.0, 0.0)
-    assert ddp_figures.rounding_line(gap32, 0.0).endswith("so it is rounding")
+    assert "no gap to explain" in ddp_figures.rounding_line(0.0, 0.0, STEPS)
+    assert ddp_figures.rounding_line(gap32, 0.0, STEPS).endswith("so it is rounding")
+
+
+def test_the_rounding_bound_grows_with_the_steps_taken():
+    eps32, eps64 = (torch.finfo(dtype).eps for dtype in (torch.float32, torch.float64))
+    per_step = ddp_figures.ROUNDING_PER_STEP
+    gap32 = 2 * per_step * 10 * eps32   # twice what 10 steps allow, half of what 40 allow
+    assert ddp_figures.rounding_line(gap32, eps64, 10).endswith(
+        f"the float32 gap is beyond it, {DIFFERENT}")
+    assert ddp_figures.rounding_line(gap32, eps64, 40).endswith("so it is rounding")
 
 
 # The ring against the ranks' all-reduce (ch05-ring): the simulation must end where the ranks'

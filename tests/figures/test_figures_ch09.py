@@ -44,6 +44,14 @@ def test_the_overlap_figure_draws_every_ready_time_and_every_buckets_all_reduce(
     assert overlap_rows(runs, 0)["rank 0 bucket 1"] == []   # no second bucket in step 1
 
 
+def test_the_overlap_figures_top_panel_numbers_its_time_axis(recorded):
+    fig, _ = draw_overlap(recorded["overlap"])
+    fig.canvas.draw()
+    top, bottom = ([label.get_text() for label in ax.get_xticklabels()] for ax in fig.axes)
+    plt.close(fig)
+    assert top == bottom and len(top) > 1
+
+
 def test_the_first_step_sends_one_bucket_after_backward_and_later_steps_overlap(recorded):
     for steps in recorded["overlap"]["steps_per_rank"]:
         first, last = steps[0], steps[-1]

@@ -64,6 +64,52 @@ def test_the_step_figure_draws_every_hook_point_the_run_noted(run):
     assert len(set(drawn["DDP, rank 0"])) == 1 and len(set(drawn["FSDP, rank 0"])) > 2
 
 
+def test_the_step_figure_shows_the_last_ranks_line_over_rank_0s(run):
+    from matplotlib.colors import to_rgba
+    measured, _, _, _ = run
+    fig, ax = new_figure()
+    drawn = draw_step(ax, measured)
+    fig.canvas.draw()
+    plt.close(fig)
+    first, last = (next(line for line in ax.get_lines() if line.get_label() == label)
+                   for label in ("FSDP, rank 0", "FSDP, rank 2"))
+    assert to_rgba(first.get_color()) != to_rgba(last.get_color())
+    assert last.get_zorder() >= first.get_zorder() and ax.get_lines().index(last) > \
+        ax.get_lines().index(first)                      # drawn on top of rank 0's ...
+    assert last.get_linewidth() < first.get_linewidth()  # ... and thinner: both show
+    assert drawn["FSDP, rank 0"] == drawn["FSDP, rank 2"]  # padded shards: the same bytes
+    assert any("ranks 0 and 2" in text.get_text() and "the same" in text.get_text()
+               for text in ax.texts)
+
+
+def test_planted_ranks_that_differ_are_not_called_the_same(run):
+    import copy
+    measured, _, _, _ = run
+    changed = copy.deepcopy(measured)
+    changed[("FSDP", 2)]["timeline"][0]["bytes"] -= 8
+    fig, ax = new_figure()
+    draw_step(ax, changed)
+    plt.close(fig)
+    assert not any("the same" in text.get_text() for text in ax.texts)
+
+
+def test_the_step_figures_x_axis_names_the_layers(run):
+    measured, _, _, _ = run
+    fig, ax = new_figure()
+    draw_step(ax, measured)
+    plt.close(fig)
+    timeline = measured[("FSDP", 0)]["timeline"]
+    ticks = [(tick, label.get_text()) for tick, label in zip(ax.get_xticks(),
+                                                               ax.get_xticklabels())]
+    assert len(ticks) > 4
+    for tick, label in ticks:   # each tick named after the layer (or unit) whose hook it is
+        layer = timeline[int(tick)]["layer"]
+        assert layer == label or layer.startswith((label + ".", label + " ")), (tick, label)
+    named = [label for _, label in ticks]
+    for unit in ("stem", "blocks.0", "blocks.1", "head"):   # forward and backward
+        assert named.count(unit) == 2, unit
+
+
 def test_right_case_every_part_on_every_rank_is_the_calculators_to_the_byte(run):
     measured, planned, _, _ = run
     table = side_by_side(planned, measured)
@@ -95,6 +141,19 @@ def test_the_form_shows_the_calculators_table_and_answers_a_change():
         float_format="{:,.2f}".format) == answer.value
     form.children[1].children[0].value = 4  # 6 does not split over 4
     assert "does not split evenly" in answer.value
+
+
+def test_the_form_plans_adam_and_its_columns_add_up():
+    form = calculator_form(64, 2, 6, 3)
+    optimizer = form.children[1].children[-1]
+    assert list(optimizer.options) == ["sgd-momentum", "adam"]
+    optimizer.value = "adam"
+    table = calculator_table(64, 2, 6, 3, "float64", "adam")
+    assert table.to_html(float_format="{:,.2f}".format) == form.children[-1].value
+    parts = table[[f"{column} (MB)" for column in PEAK_COLUMNS]].sum(axis=1)
+    assert parts.tolist() == pytest.approx(table["peak (MB)"].tolist())
+    momentum = calculator_table(64, 2, 6, 3, "float64", "sgd-momentum")
+    assert (table["optimizer (MB)"] > momentum["optimizer (MB)"]).all()
 
 
 def test_the_peak_table_sets_each_ranks_prediction_beside_the_tracker(run):
@@ -156,6 +215,33 @@ def test_right_case_the_collectives_drawing_ends_where_torchs_collectives_did(ru
         assert written == [f"{value:+.2f}" for value in grid.reshape(-1).tolist()], name
     whole = grids["whole after all-gather"]
     assert (whole == whole[0]).all() and whole.shape == (3, 3 * 2)
+
+
+def test_the_collectives_figure_puts_rank_rs_piece_in_slot_r(run):
+    from matplotlib.patches import ConnectionPatch
+    _, _, out, _ = run
+    pieces = read_collectives(out / "collectives.json")
+    fig, axes = new_figure(4, 1)
+    grids, _ = draw_collectives(axes, pieces)
+    plt.close(fig)
+    world, width = grids["shard before all-gather"].shape
+    for ax, name in ((axes[0], "shard before all-gather"), (axes[3], "shard after reduce-scatter")):
+        assert ax.get_xlim() == axes[1].get_xlim()   # the whole tensor's columns
+        for text in ax.texts:   # rank r's numbers in slot r of the whole tensor, nowhere else
+            column, row = (round(v) for v in text.get_position())
+            assert column // width == row, (name, text.get_text())
+            assert text.get_text() == f"{grids[name][row, column % width]:+.2f}"
+        assert len(ax.texts) == world * width
+    arrows = [(axes.tolist().index(a.axesA), a.xy1, axes.tolist().index(a.axesB), a.xy2)
+              for a in fig.artists if isinstance(a, ConnectionPatch)]
+    middle = [(rank + 0.5) * width - 0.5 for rank in range(world)]   # slot r's middle
+    for rank in range(world):   # all-gather: from rank r's shard to slot r of the whole
+        (_, (x0, y0), _, (x1, _)), = [a for a in arrows if a[0] == 0 and a[1][1] >= rank
+                                       and a[1][1] < rank + 1]
+        assert x0 == x1 == middle[rank]
+    # reduce-scatter: from slot r of the ranks' gradients to rank r's piece
+    ends = sorted((x1, y1) for start, (x0, _), end, (x1, y1) in arrows if start == 2)
+    assert [x for x, _ in ends] == middle and [round(y) for _, y in ends] == list(range(world))
 
 
 def drawn_with(run, monkeypatch, change):

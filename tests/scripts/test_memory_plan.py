@@ -8,6 +8,7 @@ Then the peak: torch's own trackers run each rank in this process under FakeTens
 every rank's peak is peak_plan's to the byte. Each flaw planted in the rules (the activations
 doubled, all freed when backward starts, the input batch left out, a buffer rule dropped)
 makes the check say so."""
+import contextlib
 import json
 
 import pandas as pd
@@ -16,10 +17,12 @@ import torch
 from helpers import assert_one_line_error, run_one_rank
 
 import ddp_scripts.recorders.memory_plan as memory_plan
+import ddp_scripts.recorders.memory_run as memory_run
 from ddp_scripts.launcher import run_command, torchrun_command
 from ddp_scripts.recorders.memory_plan import (PARTS, PEAK_STRATEGIES, chunk_rows, peak_plan,
                                                plan)
-from ddp_scripts.recorders.memory_run import fake_peaks
+from ddp_scripts.recorders.memory_run import (fake_peaks, forget_the_peak,
+                                              note_where_the_peak_rises, storage_bytes)
 from ddp_scripts.sharding import WideMLP
 from notebooks.fsdp_memory import (allocator_agrees, gap_notes, peaks_side_by_side, points_agree,
                                    within_gloos_clone)
@@ -408,13 +411,14 @@ def test_planted_gradients_kept_after_the_step_fail_the_after_step_check():
 
 
 # The rest of the calculator ---------------------------------------------------------------------
-def test_the_peak_is_above_the_parts_after_the_step_and_the_calculator_adds_it_up():
+@pytest.mark.parametrize("optimizer", ["sgd-momentum", "adam"])
+def test_the_peak_is_above_the_parts_after_the_step_and_the_calculator_adds_it_up(optimizer):
     from notebooks.fsdp_memory import PEAK_COLUMNS, calculator_table
-    table = calculator_table(WIDTH, DEPTH, BATCH, RANKS, "float64", "sgd-momentum")
+    table = calculator_table(WIDTH, DEPTH, BATCH, RANKS, "float64", optimizer)
     parts = table[[f"{column} (MB)" for column in PEAK_COLUMNS]].sum(axis=1)
     assert parts.tolist() == pytest.approx(table["peak (MB)"].tolist())
     model = WideMLP(WIDTH, DEPTH)
-    after = plan(model, BATCH, RANKS, torch.float64, units=model.blocks)
+    after = plan(model, BATCH, RANKS, torch.float64, optimizer, units=model.blocks)
     for strategy in ("DDP", "FSDP"):
         assert table.loc[strategy, "peak (MB)"] * 1e6 > sum(after[strategy][0][p]
                                                             for p in PARTS[:4])
@@ -434,8 +438,8 @@ def test_the_calculator_refuses_what_it_cannot_plan():
     model = WideMLP(32, 1)
     with pytest.raises(ValueError, match="does not split evenly"):
         plan(model, 10, 4)
-    for optimizer in ("adam", "sgd"):  # only SGD with momentum's step is planned
-        with pytest.raises(ValueError, match="plans sgd-momentum only"):
+    for optimizer in ("adamw", "sgd"):  # only SGD with momentum's and Adam's steps are planned
+        with pytest.raises(ValueError, match="plans sgd-momentum, adam only"):
             plan(model, 8, 4, optimizer=optimizer)
 
 
@@ -453,3 +457,230 @@ def test_memory_run_tracks_fake_ranks_in_one_process(tmp_path):
     assert [(r["strategy"], r["rank"]) for r in lines] == [
         ("one process", 0), *((s, rank) for s in PEAK_STRATEGIES[1:] for rank in (0, 1))]
     assert {r["world_size"] for r in lines} == {2} and {r["mode"] for r in lines} == {"fake"}
+
+
+# Adam: two states per parameter, and its step's temporaries --------------------------------------
+# Where the step is FSDP's peak: blocks far larger than the root, 2 ranks (FSDP tracked only)
+STEP_HEAVY = (512, 16, 2, 2)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    """torch's default dtype for a while: fake_peak builds in it, and Adam's step counts take
+    it (optim/optimizer.py, _get_scalar_dtype), so the plan is made under the same."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+@pytest.fixture(scope="module")
+def adam_tracked():
+    return {"small": {(r["strategy"], r["rank"]): r for r in fake_peaks(
+                *CASES["small"], torch.float64, optimizer="adam")},
+            "step heavy": {(r["strategy"], r["rank"]): r for r in fake_peaks(
+                *STEP_HEAVY, torch.float64, strategies=("FSDP",), optimizer="adam")}}
+
+
+def adam_checked(adam_tracked, case, **rules):
+    width, depth, batch, ranks = {"small": CASES["small"], "step heavy": STEP_HEAVY}[case]
+    model = WideMLP(width, depth)
+    with default_dtype(torch.float64):
+        planned = peak_plan(model, batch, ranks, torch.float64, "adam", units=model.blocks,
+                            rules=rules)
+    return peaks_side_by_side(planned, adam_tracked[case])
+
+
+def test_right_case_adams_peak_is_the_trackers_to_the_byte(adam_tracked):
+    for case in ("small", "step heavy"):
+        table = adam_checked(adam_tracked, case)
+        assert table["agrees"].all() and points_agree(table).all(), table
+        assert gap_notes(table) == []
+    # the step is the peak of every row there: its temporaries are checked on every strategy
+    assert (adam_checked(adam_tracked, "small").loc[
+        ["one process", "DDP", "DDP, bucket view", "ZeRO-1"], "falls at"] == "optimizer step").all()
+    assert (adam_checked(adam_tracked, "step heavy")["falls at"] == "optimizer step").all()
+
+
+def test_planted_adams_second_state_dropped_fails_the_check(adam_tracked, monkeypatch):
+    monkeypatch.setitem(memory_plan.STATES_PER_PARAMETER, "adam", 1)
+    for case in ("small", "step heavy"):
+        assert not adam_checked(adam_tracked, case)["agrees"].any()
+
+
+def test_planted_adams_step_temporaries_dropped_fails_where_the_step_is_the_peak(adam_tracked):
+    for case in ("small", "step heavy"):
+        table = adam_checked(adam_tracked, case, **{"step temporaries": False})
+        at_the_step = adam_checked(adam_tracked, case)["falls at"] == "optimizer step"
+        assert not table.loc[at_the_step, "agrees"].any(), table
+
+
+def one_real_step(model, optimizer):
+    """One step of `model` on the CPU with torch.optim.Adam's foreach form (or SGD with
+    momentum): the bytes of the optimizer's state tensors, its step counts left out."""
+    torch.manual_seed(0)
+    kind, settings = memory_run.OPTIMIZERS[optimizer]
+    step = kind(model.parameters(), **settings)
+    images, labels = torch.randn(4, 3, 32, 32, dtype=torch.float64), torch.zeros(4).long()
+    torch.nn.functional.cross_entropy(model(images), labels).backward()
+    step.step()
+    return storage_bytes([v for s in step.state.values() for v in s.values() if v.dim() > 0])
+
+
+@pytest.mark.parametrize("optimizer", ["sgd-momentum", "adam"])
+def test_right_case_the_optimizer_state_after_a_real_step_is_the_plans(optimizer):
+    model = WideMLP(WIDTH, DEPTH).to(torch.float64)
+    planned = plan(model, 4, 1, torch.float64, optimizer)["one process"][0]
+    assert one_real_step(model, optimizer) == planned["optimizer"]
+
+
+def test_planted_adams_second_state_dropped_fails_the_real_step(monkeypatch):
+    model = WideMLP(WIDTH, DEPTH).to(torch.float64)
+    monkeypatch.setitem(memory_plan.STATES_PER_PARAMETER, "adam", 1)
+    planned = plan(model, 4, 1, torch.float64, "adam")["one process"][0]
+    assert one_real_step(model, "adam") != planned["optimizer"]
+
+
+# Any model: its own units' names, BatchNorm's buffers, token ids -----------------------------------
+def tracked_one_process(model, inputs, labels, optimizer="sgd-momentum"):
+    """torch's MemTracker over three real steps of one process on the CPU, as memory_run's
+    tracked_peak runs them: the last step's peak, and where it last rose."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    tracker = MemTracker()
+    tracker.track_external(inputs, labels)
+    where = [None]
+    note_where_the_peak_rises(tracker, where)
+    with tracker:
+        kind, settings = memory_run.OPTIMIZERS[optimizer]
+        step = kind(model.parameters(), **settings)
+        for index in range(memory_run.TRACKED_STEPS):
+            if index:
+                tracker.reset_mod_stats()
+            if index == memory_run.TRACKED_STEPS - 1:
+                forget_the_peak(tracker)
+            torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+            step.step()
+            step.zero_grad()
+        peak = tracker.get_tracker_snapshot("peak")
+    return next(iter(peak.values()))["Total"], where[0]
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    """A torchvision ResNet-18 (units layer1..layer4, BatchNorm's buffers), float64, 4 images
+    of 32 x 32, and torch's tracker over one process."""
+    torchvision = pytest.importorskip("torchvision")
+    with default_dtype(torch.float64):
+        model = torchvision.models.resnet18(num_classes=10)
+        generator = torch.Generator().manual_seed(0)
+        images = torch.randn(4, 3, 32, 32, generator=generator)
+        tracked = tracked_one_process(model, images, torch.zeros(4, dtype=torch.long))
+    return model, tracked
+
+
+def resnet_peak(model):
+    units = [model.layer1, model.layer2, model.layer3, model.layer4]
+    return peak_plan(model, 4, 2, torch.float64, units=units)
+
+
+def test_right_case_a_resnets_peak_is_the_trackers_and_named_by_its_layers(resnet):
+    from notebooks.fsdp_memory import PEAK_COLUMNS
+    model, (tracked, at) = resnet
+    rows = resnet_peak(model)
+    columns = {part for parts in PEAK_COLUMNS.values() for part in parts}
+    assert set(rows["one process"][0]["parts"]) <= columns  # the calculator's columns add up
+    assert rows["one process"][0]["peak"] == tracked and rows["one process"][0]["at"] == at
+    assert rows["one process"][0]["parts"]["buffers"] > 0
+    points = set(rows["FSDP"][0]["points"])
+    assert {f"forward of layer{i}" for i in range(1, 5)} <= points
+    assert {f"reduce-scatter of layer{i}" for i in range(1, 5)} <= points
+    assert not any("blocks" in point for point in points)
+
+
+def test_planted_buffers_left_out_misses_the_resnets_peak(resnet, monkeypatch):
+    model, (tracked, _) = resnet
+    monkeypatch.setattr(memory_plan, "buffer_bytes", lambda model, dtype: 0)
+    assert resnet_peak(model)["one process"][0]["peak"] != tracked
+
+
+def test_planted_buffers_counted_as_activations_misses_the_resnets_peak(resnet, monkeypatch):
+    """BatchNorm saves its running statistics for backward: they are the model's, not the
+    step's activations."""
+    model, (tracked, _) = resnet
+    monkeypatch.setattr(memory_plan, "held_by_the_model",
+                        lambda model: {p.untyped_storage()._cdata for p in model.parameters()})
+    assert resnet_peak(model)["one process"][0]["peak"] != tracked
+
+
+class Tokens(torch.nn.Module):
+    """A token model: an embedding, averaged over the sequence, and a linear head."""
+
+    def __init__(self, vocab=50, width=16, classes=10):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.head = torch.nn.Linear(width, classes)
+
+    def forward(self, tokens):
+        return self.head(self.embed(tokens).mean(1))
+
+
+def token_batch(batch, dtype=torch.long):
+    return torch.zeros(batch, 12, dtype=dtype), torch.zeros(batch, dtype=torch.long)
+
+
+def test_right_case_a_token_models_peak_is_the_trackers():
+    with default_dtype(torch.float64):
+        model = Tokens()
+        tracked, at = tracked_one_process(model, *token_batch(4), "adam")
+        row = peak_plan(model, 4, 2, torch.float64, "adam", make_input=token_batch)
+    assert row["one process"][0]["peak"] == tracked and row["one process"][0]["at"] == at
+    assert plan(model, 4, 2, torch.float64, "adam", make_input=token_batch)["FSDP"][0]
+
+
+def test_planted_token_ids_of_another_dtype_miss_the_token_models_peak():
+    with default_dtype(torch.float64):
+        model = Tokens()
+        tracked, _ = tracked_one_process(model, *token_batch(4), "adam")
+        row = peak_plan(model, 4, 2, torch.float64, "adam",
+                        make_input=lambda batch: token_batch(batch, torch.int32))
+    assert row["one process"][0]["peak"] != tracked
+
+
+def test_float_samples_cannot_feed_an_embedding():
+    with pytest.raises(RuntimeError):
+        peak_plan(Tokens(), 4, 2, torch.float64, sample_shape=(12,))
+
+
+# What the chapter tells a learner to budget under FSDP ---------------------------------------------
+def fsdp_budget(model, batch, ranks, dtype, units, whole_units):
+    """The chapter's rule of thumb for FSDP's peak on a rank: its shards (parameters,
+    gradients, optimizer state), the root whole, `whole_units` copies of the largest unit
+    (padded), and the activations, their gradients and the batch at most."""
+    params = memory_plan._unit_parameters(model, units)
+    root = memory_plan.padded_bytes(params[-1], ranks, dtype)
+    largest = max(memory_plan.padded_bytes(unit, ranks, dtype) for unit in params[:-1])
+    held = plan(model, batch, ranks, dtype, units=units)["FSDP"][0]
+    row = max(peak_plan(model, batch, ranks, dtype, units=units)["FSDP"],
+              key=lambda row: row["peak"])
+    own = sum(row["parts"].get(part, 0) for part in ("activations", "activation gradients",
+                                                     "batch", "root's gradients"))
+    return (held["parameters"] + held["gradients"] + held["optimizer"] + root
+            + whole_units * largest + own), row["peak"]
+
+
+@pytest.mark.parametrize("case", ["chapter", "heavy"])
+def test_right_case_the_chapters_fsdp_budget_covers_the_peak(case):
+    """The unit computing, its gradients, the unit prefetched and one reduce-scatter input."""
+    width, depth, batch, ranks = CASES[case]
+    model = WideMLP(width, depth)
+    budget, peak = fsdp_budget(model, batch, ranks, torch.float64, model.blocks, 4)
+    assert budget >= peak
+
+
+def test_planted_budget_without_the_units_gradients_falls_short():
+    width, depth, batch, ranks = CASES["chapter"]
+    model = WideMLP(width, depth)
+    budget, peak = fsdp_budget(model, batch, ranks, torch.float64, model.blocks, 3)
+    assert budget < peak
