@@ -29,12 +29,16 @@ def add_switch_to_header(app, config):
     config.html_theme_options = options
 
 
-def retarget(buttons, pagename):
-    """The launch buttons' links (sphinx-book-theme's group launch-buttons) to notebooks/zh/."""
+def retarget(buttons, pagename, launch_on=None):
+    """The launch buttons' links (sphinx-book-theme's group launch-buttons) to notebooks/zh/,
+    and their tooltips from `launch_on` ("在 {} 中打开"): the theme puts a translated "Launch
+    on" before the service's name, an order Chinese does not have."""
     folder, _, name = pagename.rpartition("/")
     launch = [group for group in buttons if group.get("label") == "launch-buttons"]
     for button in [button for group in launch for button in group.get("buttons", []) if "url" in button]:
         button["url"] = button["url"].replace(f"{folder}/{name}.ipynb", f"{folder}/zh/{name}.ipynb")
+        if launch_on and button.get("text"):
+            button["tooltip"] = launch_on.format(button["text"])
 
 
 def link_other_edition(app, pagename, templatename, context, doctree):
@@ -45,13 +49,14 @@ def link_other_edition(app, pagename, templatename, context, doctree):
 
 def launch_chinese_notebooks(app, pagename, templatename, context, doctree):
     if app.config.book_edition == "zh" and pagename.startswith("notebooks/"):
-        retarget(context.get("header_buttons", []), pagename)
+        retarget(context.get("header_buttons", []), pagename, app.config.theme_words.get("Launch on {}"))
 
 
-# Search finds a name however it is spelt: `all_reduce`, all-reduce and "all reduce" are the
-# same words to it. The index and the search box both split words at an underscore too.
-WORDS = re.compile(r"[^\W_]+")
-SPLIT_QUERY = r"""var splitQuery = (query) => query
+# Search finds a name however it is spelt: `all_reduce`, all-reduce, "all reduce" and
+# allreduce (NCCL's and Horovod's spelling) are the same words to it. The index and the search
+# box both split words at an underscore too, and allreduce in two.
+WORDS = re.compile(r"(?i:all(?=reduce))|[^\W_]+")
+SPLIT_QUERY = r"""var splitQuery = (query) => query.replace(/(all)(?=reduce)/giu, "$1 ")
     .split(/[^\p{Letter}\p{Number}\p{Emoji_Presentation}]+/gu).filter(term => term);"""
 
 
@@ -68,7 +73,7 @@ class LatinTerms(set):
 
 
 class ChineseSearch(zh.SearchChinese):
-    latin1_letters = re.compile(r"[a-zA-Z0-9]+")   # all_reduce: all, reduce
+    latin1_letters = re.compile(r"(?i:all(?=reduce))|[a-zA-Z0-9]+")   # all_reduce, allreduce: all, reduce
     js_splitter_code = SPLIT_QUERY
 
     def init(self, options):
@@ -94,6 +99,27 @@ def theme_words_in_chinese(app):
             locale.init([], app.config.language, catalog)[0]._catalog.update(app.config.theme_words)
 
 
+# What the theme's templates (sphinx-book-theme 1.3's sidebar toggles, its sidebar's aria-label)
+# and matplotlib's animation player (its buttons, its Once / Loop / Reflect) write in English
+# without asking a catalogue: a tooltip, a name a screen reader says, a label.
+SAID = re.compile(r'\b(title|aria-label)="([^"<>]+)"')
+PLAYER_LABEL = re.compile(r'(<label for="_anim_radio\d_[^"]*">)([^<]+)(</label>)')
+
+
+def translate_page(page, words):
+    """The page's HTML with those words in the edition's language (`words`: theme_words)."""
+    page = SAID.sub(lambda m: f'{m[1]}="{words.get(m[2], m[2])}"', page)
+    return PLAYER_LABEL.sub(lambda m: m[1] + words.get(m[2].strip(), m[2]) + m[3], page)
+
+
+def theme_words_in_written_pages(app):
+    """Each page as the templates render it, with translate_page's words in Chinese."""
+    if app.config.theme_words and hasattr(app.builder, "templates"):
+        render = app.builder.templates.render
+        app.builder.templates.render = lambda template, context: translate_page(
+            render(template, context), app.config.theme_words)
+
+
 def setup(app):
     app.add_config_value("book_edition", "en", "html")
     app.add_config_value("theme_words", {}, "html")
@@ -101,6 +127,7 @@ def setup(app):
     app.add_search_language(ChineseSearch)
     app.add_js_file("figures.js")   # every figure a link to its full-size image (book/theme/)
     app.connect("builder-inited", theme_words_in_chinese)
+    app.connect("builder-inited", theme_words_in_written_pages)
     app.connect("config-inited", add_switch_to_header)
     # Before the theme drops the header templates that render empty (priority 500).
     app.connect("html-page-context", link_other_edition, priority=400)
