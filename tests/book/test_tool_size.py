@@ -9,9 +9,11 @@ import tokenize
 
 from book_files import ROOT
 
-# Room above the 1,311 lines counted on 2026-12-06 (the intro's count of GPU boxes took 15):
-# a check a finding needs fits; more than that, and a library or a hook should do the job.
-LIMIT = 1450
+# Room above the 1,690 lines counted on 2026-12-07 (that day the reference pages' numbers read
+# from results/, book/extensions/recorded.py, took 206, and gpu-check's plan within a budget
+# and its one archive 127): a check a finding needs fits; more than that, and a library or a
+# hook should do the job.
+LIMIT = 1850
 SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
            tokenize.ENDMARKER}
 
