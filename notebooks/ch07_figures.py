@@ -5,6 +5,7 @@ Each function takes what a run wrote and draws it with notebooks.figures; it ret
 drew, so a test can hold the drawing to the data.
 """
 import json
+import math
 import textwrap
 
 from ddp_scripts.measure import benchmark
@@ -131,10 +132,12 @@ def verdict(runs, case):
     return lines
 
 
-# A smaller share of a core is named as the cause only where forward's CPU share fell by more
-# than this fraction of the one-process share (and beyond either run's range over its groups of
-# steps): a floor for judgment. A smaller fall cannot make a part that computes grow by much.
-CORE_SHARE_FALL = 0.10
+# A thread that gets a share s of a core takes 1/s as long for the same CPU time. A smaller
+# share of a core is named as the cause of a part's growth only where forward's CPU share fell
+# beyond either run's range over its groups of steps, and the 1/s it makes is at least this
+# much of the part's growth, on the scale where the two multiply (log(before / now) over
+# log(part's growth)): the CPU time held, and the share explains most of the rest.
+CORE_SHARE_EXPLAINS = 0.5
 UNTIMED_LABEL = "backward compute (includes the all-reduce, untimed under NCCL)"
 
 
@@ -158,9 +161,10 @@ def why(runs, case, part):
     """WHY[part]; for a part that computes, a cause only where the clocks show one. On GPUs
     the GPU computes, so the CPU's clocks name none (the profiler of chapter 10 can); where
     the all-reduce sat untimed inside backward compute, none either. On the CPU: forward's
-    CPU time over its wall time (forward waits for no other rank), in one process and in N. A
-    smaller share of a core is named only where the share fell by more than CORE_SHARE_FALL,
-    beyond the range it took over either run's groups of steps."""
+    CPU time over its wall time (forward waits for no other rank), in one process and in N.
+    A share within the range either run took over its groups of steps held: the part's CPU
+    time grew. A fall beyond both ranges is named as the cause where it explains at least
+    CORE_SHARE_EXPLAINS of the part's growth; a smaller one is too small to tell."""
     if part not in ("forward", "backward compute", "optimizer"):
         return WHY[part]
     one_run, many_run = compared(runs, case)
@@ -174,11 +178,20 @@ def why(runs, case, part):
     before, now = one["cpu share"]["forward"], many["cpu share"]["forward"]
     (low, high), (low_n, high_n) = (found["cpu share range"]["forward"] for found in (one, many))
     said = f"forward's CPU time over its wall time: {before:.2f} -> {now:.2f}"
-    if high_n < low and now < (1 - CORE_SHARE_FALL) * before:
-        return f"{WHY[part]} ({said})"
-    return (f"not that the step's thread got less of a core ({said}; over the groups of steps "
-            f"of each run {low:.2f}-{high:.2f} and {low_n:.2f}-{high_n:.2f}; a cause only "
-            f"past a fall of {CORE_SHARE_FALL:.0%})")
+    ranges = (f"over the groups of steps of each run {low:.2f}-{high:.2f} and "
+              f"{low_n:.2f}-{high_n:.2f}")
+    if not (high_n < low and now < before):
+        return (f"not that the step's thread got less of a core ({said}; {ranges}): "
+                "its CPU time grew")
+    slower = before / now  # how much longer the same CPU time takes with the smaller share
+    took = many["parts"][part] / one["parts"][part] if one["parts"][part] > 0 else math.inf
+    explains = math.log(slower) / math.log(took) if took > 1 else 1.0
+    found = (f"{said}, so the same CPU time takes {slower:.2f}x as long; the part took "
+             f"{took:.2f}x")
+    if explains >= CORE_SHARE_EXPLAINS:
+        return f"{WHY[part]} ({found})"
+    return (f"too small to tell: the step's thread got less of a core, but too little to "
+            f"explain most of the growth ({found}; {ranges})")
 
 
 def communication_lines(runs, case):

@@ -120,6 +120,21 @@ def theme_words_in_written_pages(app):
             render(template, context), app.config.theme_words)
 
 
+def translate_scripts(static, words):
+    """The scripts in `static` (the site's _static/) with translate_page's words in the
+    edition's language: sphinx-togglebutton's writes its button's aria-label in English into
+    the page as it runs. Only the scripts that change are written."""
+    for path in sorted(Path(static).rglob("*.js")):
+        script = path.read_text(encoding="utf-8")
+        if (translated := SAID.sub(lambda m: f'{m[1]}="{words.get(m[2], m[2])}"', script)) != script:
+            path.write_text(translated, encoding="utf-8")
+
+
+def theme_words_in_written_scripts(app, exception):
+    if exception is None and app.config.theme_words and app.builder.format == "html":
+        translate_scripts(Path(app.outdir) / "_static", app.config.theme_words)
+
+
 def setup(app):
     app.add_config_value("book_edition", "en", "html")
     app.add_config_value("theme_words", {}, "html")
@@ -128,6 +143,7 @@ def setup(app):
     app.add_js_file("figures.js")   # every figure a link to its full-size image (book/theme/)
     app.connect("builder-inited", theme_words_in_chinese)
     app.connect("builder-inited", theme_words_in_written_pages)
+    app.connect("build-finished", theme_words_in_written_scripts)
     app.connect("config-inited", add_switch_to_header)
     # Before the theme drops the header templates that render empty (priority 500).
     app.connect("html-page-context", link_other_edition, priority=400)

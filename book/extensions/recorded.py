@@ -18,6 +18,7 @@ from docutils.parsers.rst import Directive
 
 RESULTS = Path("results")
 GRADING = RESULTS / "grading-example" / "benchmark.json"
+GRADING_LOG = GRADING.with_suffix(".log")
 CPU_2CORE = RESULTS / "cpu-2core-2026-11-30.json"
 H200 = RESULTS / "gpu-runs" / "2026-11-30-h200"
 ARTICLE = RESULTS / "article" / "titan-xp.json"
@@ -80,6 +81,26 @@ def exits(root, freed):
     return sum(row["hung"] for row in chosen), sum(row["runs"] for row in chosen)
 
 
+# A benchmark log's lines: a configuration's round starts, and each epoch of rank 0.
+ROUND_LINE = re.compile(r"^\[benchmark\] round \d+/\d+, (\w+):", re.M)
+EPOCH_LINE = re.compile(r"^\[rank 0\] epoch \d+/\d+ train_loss=([\d.]+)", re.M)
+
+
+def train_losses(root, path=GRADING_LOG):
+    """{config: [[train loss of each epoch] of each round]}, as the benchmark's log printed them."""
+    text = (Path(root) / path).read_text(encoding="utf-8")
+    starts = list(ROUND_LINE.finditer(text))
+    losses = {}
+    for start, after in zip(starts, [*starts[1:], None]):
+        part = text[start.end():after.start() if after else len(text)]
+        losses.setdefault(start[1], []).append(EPOCH_LINE.findall(part))
+    return losses
+
+
+def first_losses(root, config):
+    return ", ".join(train_losses(root)[config][0])
+
+
 FACTS = {
     "grading.hardware": lambda root: read(root, GRADING)["hardware"]["label"],
     "grading.torch": lambda root: read(root, GRADING)["hardware"]["torch"],
@@ -90,10 +111,19 @@ FACTS = {
     "grading.cpu.spread": lambda root: spread(root, GRADING, "cpu"),
     "grading.ddp.spread": lambda root: spread(root, GRADING, "ddp"),
     "grading.limit": lambda root: f"{read(root, GRADING)['reliable_spread']}",
+    "grading.cpu-model": lambda root: read(root, GRADING)["hardware"]["cpu"]["model"],
+    "grading.cores": lambda root: f"{read(root, GRADING)['hardware']['cpu']['usable_cores']}",
+    "grading.size": lambda root: read(root, GRADING)["size"],
+    "grading.cpu.threads": lambda root: f"{run_of(read(root, GRADING), 'cpu')['threads_per_process']}",
+    "grading.ddp.threads": lambda root: f"{run_of(read(root, GRADING), 'ddp')['threads_per_process']}",
+    "grading.loss.cpu": lambda root: first_losses(root, "cpu"),
+    "grading.loss.ddp": lambda root: first_losses(root, "ddp"),
     "grading.accuracy.cpu": lambda root: f"{run_of(read(root, GRADING), 'cpu')['test_accuracy']:.4f}",
     "grading.accuracy.ddp": lambda root: f"{run_of(read(root, GRADING), 'ddp')['test_accuracy']:.4f}",
     "cpu2.accuracy.cpu": lambda root: f"{run_of(read(root, CPU_2CORE), 'cpu')['test_accuracy']:.4f}",
     "cpu2.accuracy.ddp": lambda root: f"{run_of(read(root, CPU_2CORE), 'ddp')['test_accuracy']:.4f}",
+    "cpu2.test-samples-apart": lambda root: str(test_samples_apart(root)),
+    "cpu2.test-samples": lambda root: f"{run_of(read(root, CPU_2CORE), 'ddp')['test_samples']:,}",
     "cpu2.hardware": lambda root: read(root, CPU_2CORE)["hardware"]["label"],
     "h200.gpu": lambda root: read(root, H200 / "h200-full.json")["hardware"]["gpus"][0]["name"],
     "h200.memory": lambda root: f"{read(root, H200 / 'h200-full.json')['hardware']['gpus'][0]['memory_gib']}",
@@ -113,6 +143,20 @@ FACTS = {
     "exits.before.runs": lambda root: str(exits(root, True)[1]),
 }
 
+# Chance level on ten classes: a test accuracy below this says the run learned (next to) nothing.
+CHANCE_BOUND = 2 / 10
+# "The same training, to float32 rounding": the two runs' test accuracies at most this far apart.
+SAME_TRAINING = 0.005
+# "Only N times faster": N below this.
+ONLY = 2
+
+
+def test_samples_apart(root):
+    """How many test images the 2-core file's one process and DDP classified differently, net."""
+    cpu, ddp = run_of(read(root, CPU_2CORE), "cpu"), run_of(read(root, CPU_2CORE), "ddp")
+    return round(abs(cpu["test_accuracy"] - ddp["test_accuracy"]) * ddp["test_samples"])
+
+
 def grading_premises(root):
     """What the worked example's grades say of its run, each checked against the file: the
     problems found (none when the page's reasons hold)."""
@@ -121,15 +165,42 @@ def grading_premises(root):
     problems = []
     if cpu.get("reliable", True) or ddp.get("reliable", True):
         problems.append("Explanation 0: the file marks both rows unreliable")
-    if cpu["threads_per_process"] < 2:
-        problems.append("the one process had both cores too")
+    if cpu["threads_per_process"] < results["hardware"]["cpu"]["usable_cores"]:
+        problems.append("Explanation 0: the one process had both cores too")
     if cpu["test_accuracy"] != ddp["test_accuracy"]:
         problems.append("both reached the same test accuracy")
+    losses = train_losses(root)
+    if not losses.get("cpu") or any(epochs != losses["cpu"][0] for epochs in losses["cpu"] + losses.get("ddp", [])):
+        problems.append("the feedback: the same train loss, epoch by epoch")
+    if max(cpu["test_accuracy"], ddp["test_accuracy"]) >= CHANCE_BOUND:
+        problems.append("the feedback: test accuracy at chance level")
+    if results["size"] == "full":
+        problems.append("It works 1: the smoke size, not the full size asked")
     if any(run_of(results, config)["status"] != "skipped" for config in ("gpu", "dp")):
         problems.append("It works 1: gpu and dp skipped")
     if ddp["samples_per_s"] <= cpu["samples_per_s"]:
         problems.append("the student's claim: DDP faster")
     return problems
+
+
+def reference_premises(root):
+    """What the words around assignments 3 and 4's reference numbers say, each checked against
+    its file: the problems found."""
+    two_core, h200 = read(root, CPU_2CORE), read(root, H200 / "h200-full.json")
+    problems = []
+    if abs(run_of(two_core, "cpu")["test_accuracy"] - run_of(two_core, "ddp")["test_accuracy"]) > SAME_TRAINING:
+        problems.append("3: the same training, to float32 rounding")
+    if run_of(h200, "gpu")["samples_per_s"] / run_of(h200, "cpu")["samples_per_s"] >= ONLY:
+        problems.append("4: only a little faster (below 2 times)")
+    return problems
+
+
+def check_premises(app):
+    """The build fails when a committed file no longer bears out the page's words."""
+    from sphinx.errors import ExtensionError
+    problems = grading_premises(app.srcdir) + reference_premises(app.srcdir)
+    if problems:
+        raise ExtensionError(f"book/grading.md's words no longer hold for results/: {'; '.join(problems)}")
 
 
 WORDS = {
@@ -265,6 +336,7 @@ def one_page_each(app, doctree):
 
 
 def setup(app):
+    app.connect("builder-inited", check_premises)
     app.connect("doctree-read", one_page_each)
     app.add_role("recorded", recorded_role)
     app.add_directive("benchmark-table", BenchmarkTable)

@@ -16,7 +16,7 @@ import pytest
 from book_files import ROOT, cell_source, load_notebook
 
 from book.tools import gpu_check, gpu_recordings
-from ddp_scripts.measure.hardware import hardware_label
+from ddp_scripts.hardware import hardware_label
 
 RECORDINGS = gpu_recordings.load_recordings()
 H200 = next(r for r in RECORDINGS if r[0].name == "2026-11-30-h200")
@@ -165,6 +165,44 @@ def test_a_dry_run_plans_keeps_the_books_and_packs_without_running_anything(tmp_
     plan = run_gpu_check("--plan", "--budget-s", "540")
     assert plan.returncode == 0 and "notebook:08_troubleshooting.ipynb" in plan.stdout, plan.stderr
     assert run_gpu_check("--plan", "--budget-s", "0").returncode == 2
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "-inf", "-5", "0"])
+def test_planted_a_budget_that_is_no_number_of_seconds_is_one_line_and_nothing_runs(budget):
+    for mode in ("--plan", "--dry-run"):
+        result = run_gpu_check(mode, f"--budget-s={budget}", "tests")
+        assert result.returncode == 2 and "--budget-s" in result.stderr, result.stdout + result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "plan:" not in result.stdout and "tests:" not in result.stdout
+
+
+def test_planted_a_pack_target_that_cannot_be_written_stops_before_any_step(tmp_path):
+    for target in ("/proc/nope/gpu-check.tgz", str(tmp_path)):
+        result = run_gpu_check("--dry-run", "--pack", target, "tests")
+        assert result.returncode == 2 and target in result.stderr, result.stdout + result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "tests:" not in result.stdout
+
+
+def planned(budget_s):
+    """The plan of PLANTED_COUNTS' chapters, chapter 11 timed at 458 s (a CPU build's time), then the tests."""
+    keys = [f"notebook:{name}" for name in gpu_check.plan_order(sorted(PLANTED_COUNTS), PLANTED_COUNTS)]
+    expected = {key: (458.0 if "11_fsdp" in key else 30.0, "x") for key in keys} | {"tests": (200.0, "x")}
+    return gpu_check.plan([*keys, "tests"], expected, budget_s)
+
+
+def test_planted_a_never_recorded_chapter_over_the_budget_is_named_with_the_second_call(capsys):
+    gpu_check.print_plan(planned(300), 300, PLANTED_COUNTS)
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("No box current"))
+    assert "11_fsdp.ipynb" in line and "08_troubleshooting" not in line
+    assert 'STEPS="notebooks/11_fsdp.ipynb tests"' in out
+
+
+def test_right_case_every_chapter_fits_and_no_second_call_is_asked(capsys):
+    gpu_check.print_plan(planned(2000), 2000, PLANTED_COUNTS)
+    out = capsys.readouterr().out
+    assert "No box current" not in out and "STEPS=" not in out
 
 
 def test_a_step_past_its_time_limit_is_ended_with_the_processes_it_started(tmp_path, monkeypatch):

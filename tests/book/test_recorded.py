@@ -131,3 +131,68 @@ def test_planted_changed_code_marks_a_recording_stale(tmp_path):
 def recorded_hash(cell):
     from book.tools.gpu_recordings import source_hash
     return source_hash("".join(cell["source"]))
+
+
+def planted_grading(tmp_path, change=None, log=None):
+    """The worked example's premises on a copy of results/ whose file (change) or log was changed."""
+    root = copy_of_results(tmp_path)
+    if change:
+        edit_json(root / recorded.GRADING, change)
+    if log:
+        path = root / recorded.GRADING_LOG
+        path.write_text(log(path.read_text(encoding="utf-8")), encoding="utf-8")
+    return recorded.grading_premises(root)
+
+
+def test_the_log_gives_each_configurations_train_loss_epoch_by_epoch():
+    losses = recorded.train_losses(ROOT)
+    assert set(losses) == {"cpu", "ddp"} and len(losses["cpu"]) == 2 and len(losses["cpu"][0]) == 3
+    assert recorded.FACTS["grading.loss.ddp"](ROOT).count(", ") == 2
+
+
+def test_planted_a_ddp_loss_that_differs_breaks_the_same_training(tmp_path):
+    def changed(text):   # the second "2.3002" is DDP's second epoch in round 1
+        first = text.index("train_loss=2.3002")
+        at = text.index("train_loss=2.3002", first + 1)
+        return text[:at] + "train_loss=2.3010" + text[at + len("train_loss=2.3002"):]
+    assert planted_grading(tmp_path, log=changed) == ["the feedback: the same train loss, epoch by epoch"]
+
+
+def test_planted_an_accuracy_above_chance_breaks_chance_level(tmp_path):
+    def learned(data):
+        for config in ("cpu", "ddp"):
+            recorded.run_of(data, config)["test_accuracy"] = 0.75
+    assert planted_grading(tmp_path, learned) == ["the feedback: test accuracy at chance level"]
+
+
+def test_planted_a_full_size_run_breaks_the_smoke_size_in_the_grade(tmp_path):
+    assert planted_grading(tmp_path, lambda data: data.update(size="full")) == [
+        "It works 1: the smoke size, not the full size asked"]
+
+
+def test_planted_one_thread_in_the_one_process_breaks_both_cores_too(tmp_path):
+    def one_thread(data):
+        recorded.run_of(data, "cpu")["threads_per_process"] = 1
+    assert planted_grading(tmp_path, one_thread) == ["Explanation 0: the one process had both cores too"]
+
+
+def test_right_case_the_reference_outputs_words_hold_for_the_files_committed():
+    assert recorded.reference_premises(ROOT) == []
+
+
+def test_planted_ddp_accuracy_apart_breaks_the_same_training_to_rounding(tmp_path):
+    root = copy_of_results(tmp_path)
+
+    def apart(data):
+        recorded.run_of(data, "ddp")["test_accuracy"] -= 0.02
+    edit_json(root / recorded.CPU_2CORE, apart)
+    assert recorded.reference_premises(root) == ["3: the same training, to float32 rounding"]
+
+
+def test_planted_a_gpu_twice_as_fast_breaks_only(tmp_path):
+    root = copy_of_results(tmp_path)
+
+    def faster(data):
+        recorded.run_of(data, "gpu")["samples_per_s"] = 2 * recorded.run_of(data, "cpu")["samples_per_s"]
+    edit_json(root / recorded.H200 / "h200-full.json", faster)
+    assert recorded.reference_premises(root) == ["4: only a little faster (below 2 times)"]

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -215,6 +216,8 @@ def test_a_translation_that_drops_a_link_or_a_heading_is_caught(copies):
     "`cuda:N` 里的序号属于进程；local rank 给机器上的进程编号，而不是给机器编号。",
     "原文说“rank是主机的编号”，其实 rank 是进程的序号。",
     "依据的是 PyTorch 的源代码和文档。",
+    "`nvidia-smi` 给每块 GPU 编号；批量为 64 的进程。",
+    "输入是 token id 时加上 `--input-dtype long`；序列 2048 个 token。",
 ])
 def test_the_edition_s_terms_pass_where_they_are_used_as_chosen(text):
     assert translations.term_hits(text) == []
@@ -257,6 +260,10 @@ def test_the_edition_s_terms_pass_where_they_are_used_as_chosen(text):
     ("代码完全不需要设备编号。", "编号"),
     ("local rank 是进程在本机上的编号。", "编号"),
     ("依据的是 PyTorch 的源码。", "源码"),
+    ("显存以批量为单位增长。", "批量"),
+    ("一个以批量为参数的函数。", "批量"),
+    ("`nvidia-smi` 给出每块 GPU 编号。", "编号"),
+    ("输入是词元 id 时。", "词元"),
 ])
 
 
@@ -425,6 +432,42 @@ def test_the_chinese_launch_buttons_open_the_chinese_notebook():
     assert hub_now == hub.replace("notebooks/05", "notebooks/zh/05")
     assert colab_now == colab.replace("notebooks/05", "notebooks/zh/05")
     assert buttons[1]["buttons"][0]["url"] == download   # the executed copy: this page's own
+
+
+def chinese_theme_words():
+    config = yaml.safe_load((ROOT / "book" / "zh" / "_config.yml").read_text(encoding="utf-8"))
+    return config["sphinx"]["config"]["theme_words"]
+
+
+def test_the_words_the_packages_write_in_english_are_chinese_on_a_chinese_page():
+    """Sphinx's glossary links, myst-nb's hidden cells: written into the page in English."""
+    page = ('<dt id="term-rank">rank<a class="headerlink" href="#term-rank" title="Link to this term">'
+            '¶</a></dt><details class="admonition hide above-input">'
+            '<summary aria-label="Toggle hidden content">')
+    assert editions.translate_page(page, chinese_theme_words()) == (
+        '<dt id="term-rank">rank<a class="headerlink" href="#term-rank" title="指向本术语的链接">'
+        '¶</a></dt><details class="admonition hide above-input">'
+        '<summary aria-label="显示或隐藏内容">')
+
+
+def test_sphinx_togglebutton_s_script_labels_its_buttons_in_chinese(tmp_path):
+    """Its script writes each dropdown's button, aria-label and all, into the page as it runs:
+    the Chinese site's copy says it in Chinese."""
+    import sphinx_togglebutton
+    script = Path(sphinx_togglebutton.__file__).parent / "_static" / "togglebutton.js"
+    (tmp_path / "togglebutton.js").write_text(script.read_text(encoding="utf-8"), encoding="utf-8")
+    editions.translate_scripts(tmp_path, chinese_theme_words())
+    translated = (tmp_path / "togglebutton.js").read_text(encoding="utf-8")
+    assert 'aria-label="显示或隐藏内容"' in translated and "Toggle hidden content" not in translated
+
+
+def test_the_launch_buttons_images_are_named_in_chinese():
+    """sphinx-book-theme names a launch button's image "{service} {logo}", each word from its
+    catalogue (book/extensions/editions.py puts theme_words there): "Colab 标志"."""
+    import sphinx_book_theme
+    buttons = Path(sphinx_book_theme.__file__).parent / "theme" / "sphinx_book_theme" / "macros" / "buttons.html"
+    assert '{{ translate(text) }} {{ translate("logo") }}' in buttons.read_text(encoding="utf-8")
+    assert chinese_theme_words()["logo"] == "标志"
 
 
 @pytest.mark.parametrize("language", [editions.EnglishSearch, editions.ChineseSearch])

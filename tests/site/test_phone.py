@@ -182,6 +182,46 @@ def test_right_case_a_chinese_page_s_own_words_are_not_english():
     assert english_on(page, english_words()) == []
 
 
+# Any tooltip, name a screen reader says, image text or placeholder (an attribute, in a page or
+# in a script that writes one into the page) that has no Chinese character: English, unless
+# each of its words is a name, the same in every language.
+SAID = re.compile(r'(?<=\s)(?:title|aria-label|alt|placeholder|data-bs-title)="([^"]*)"')
+CHINESE = re.compile(r"[\u3000-\u303f\u3400-\u9fff\uff00-\uffef]")
+# A name in code: a module, a call, a path, a device (all_reduce, torch.cuda, cuda:0, x.png),
+# a class or a product in CamelCase (DataParallel, PyTorch, GitHub), an acronym (GPU, NCCL).
+CODE = re.compile(r".*[_./:()=\[\]<>#\d].*|.*[a-z][A-Z].*|[A-Z]{2,}s?")
+# The launch buttons' services, and the languages and the other edition, by their own names.
+NAMES = {"Colab", "Binder", "Deepnote", "Jupyter", "Python", "English"}
+
+
+def latin_only(text):
+    """The values of SAID in `text` written in Latin words only, a word that is not a name among
+    them: English on a Chinese page."""
+    def named(word):
+        word = word.strip(",;!?…\"'")
+        return word in NAMES or bool(CODE.fullmatch(word)) or not re.search(r"[A-Za-z]", word)
+    return [value for value in SAID.findall(text)
+            if not CHINESE.search(value) and not all(named(word) for word in value.split())]
+
+
+def test_planted_latin_words_on_a_chinese_page_are_found():
+    page = ('<a class="headerlink" href="#term-rank" title="Link to this term">¶</a>'
+            '<summary aria-label="Toggle hidden content">'
+            '<img alt="Colab logo" src="logo_colab.png"><input placeholder="Search">'
+            '`<button type="button" aria-label="Toggle hidden content">`')
+    assert latin_only(page) == ["Link to this term", "Toggle hidden content", "Colab logo", "Search",
+                                "Toggle hidden content"]
+
+
+def test_right_case_names_and_chinese_on_a_chinese_page_are_not_english():
+    page = ('<a title="在 Colab 中打开"><img alt="Colab 标志"></a><a title="Colab"></a>'
+            '<code title="torch.distributed.all_reduce">x</code><a aria-label="GitHub"></a>'
+            '<img alt="../_images/ab12.png"><span title="cuda:0 · NCCL"></span>'
+            '<a href="#" aria-label="English"></a><p>Link to this term</p>'
+            'img.alt="Image"')
+    assert latin_only(page) == []
+
+
 def test_no_chinese_page_says_the_theme_s_words_in_english(site):
     words = english_words()
     pages = sorted((HTML / "zh").rglob("*.html"))
@@ -191,9 +231,54 @@ def test_no_chinese_page_says_the_theme_s_words_in_english(site):
     assert not left, f"English on {len(left)} Chinese pages: {dict(list(left.items())[:5])}"
 
 
+def test_no_chinese_page_or_script_says_anything_in_latin_words_only(site):
+    """Every page of zh/, and every script it runs (sphinx-togglebutton's writes its buttons'
+    aria-label into the page): no tooltip or label in English, whatever package wrote it."""
+    files = sorted((HTML / "zh").rglob("*.html")) + sorted((HTML / "zh" / "_static").rglob("*.js"))
+    assert len(files) >= 17, "the Chinese edition is missing from the built site"
+    left = {}
+    for path in files:
+        for value in latin_only(path.read_text(encoding="utf-8", errors="replace")):
+            left.setdefault(value, []).append(str(path.relative_to(HTML)))
+    assert not left, "English on the Chinese pages: " + "; ".join(
+        f"{value!r} ({len(where)} times, {where[0]})" for value, where in left.items())
+
+
 def test_the_chinese_launch_buttons_say_where_in_chinese_word_order(site):
     page = (HTML / "zh" / RING_PAGE).read_text(encoding="utf-8")
     assert 'title="在 Colab 中打开"' in page
+
+
+# Each word (letters, digits, _) in a table's cells that the page draws on two lines or more:
+# broken inside, where a reader sees "DataParall" / "el".
+BROKEN_WORDS = r"""(table) => {
+    const broken = [];
+    const walker = document.createTreeWalker(table, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        for (const word of node.textContent.matchAll(/\w+/g)) {
+            const range = document.createRange();
+            range.setStart(node, word.index);
+            range.setEnd(node, word.index + word[0].length);
+            const lines = new Set(Array.from(range.getClientRects())
+                .filter(box => box.width > 0).map(box => Math.round(box.top)));
+            if (lines.size > 1) broken.push(word[0]);
+        }
+    }
+    return broken;
+}"""
+
+
+@pytest.mark.parametrize("edition", EDITIONS)
+def test_the_front_page_s_tables_break_no_word_on_a_phone(opened, edition):
+    """The table of recorded GPU boxes names each chapter by its title: on a phone the table
+    scrolls sideways in its box, and each word of a title stays whole."""
+    page = opened(EDITIONS[edition] + "book/intro.html", PHONE)
+    tables = page.locator("article.bd-article table")
+    assert page.locator("article.bd-article table a[href*='notebooks/']").count() >= 11, (
+        "no table of the chapters on the front page")
+    broken = [word for words in tables.evaluate_all(f"tables => tables.map({BROKEN_WORDS})")
+              for word in words]
+    assert broken == [], f"words broken inside at {PHONE} px: {broken}"
 
 
 # The colour behind an element: that of the nearest box around it with a background of its own.
