@@ -20,9 +20,11 @@ PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup
 
 .PHONY: book test check oldest-torch browser gpu-check gpu-plan gpu-bundle student-copies clean
 
-$(INSTALLED): requirements.txt requirements-dev.txt book/tools/offline_assets.py
+# The book's own code (ddp_scripts, the chapters' helpers, book.tools) is installed editable
+# (pyproject.toml), so scripts, notebooks and tests import it from anywhere.
+$(INSTALLED): requirements.txt requirements-dev.txt pyproject.toml book/tools/offline_assets.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	$(BIN)/python -m pip install -q -r requirements-dev.txt -e .
 	$(BIN)/python -m book.tools assets  # widgets, require.js, MathJax: pinned npm tarballs, once
 	touch $@
 
@@ -59,15 +61,16 @@ VISION_FLOOR := $(shell sed -n 's/^torchvision>=\([0-9.]*\).*/\1/p' requirements
 OLDEST := .venv-oldest
 oldest-torch:
 	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
-	$(OLDEST)/bin/python -m pip install -q -r requirements-dev.txt "torch==$(TORCH_FLOOR).*" "torchvision==$(VISION_FLOOR).*"
+	$(OLDEST)/bin/python -m pip install -q -r requirements-dev.txt -e . "torch==$(TORCH_FLOOR).*" "torchvision==$(VISION_FLOOR).*"
 	$(OLDEST)/bin/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
 	$(OLDEST)/bin/python -m pytest --nbmake -n 2 -p no:cacheprovider -o addopts= -o timeout=1800 --nbmake-timeout=900 notebooks/*.ipynb tests/scripts/test_group_exit.py
 
 # apt-get needs root: as root it runs directly, otherwise through sudo (a CI runner, say).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
+# A Chromium is found where the browser tests find it (tests/chromium.py: PATH or playwright's cache).
 browser:
-	@command -v chromium >/dev/null && fc-list :lang=zh | grep -q . || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium fonts-wqy-microhei; }
+	@$(PYTHON) tests/chromium.py >/dev/null && fc-list :lang=zh | grep -q . || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium fonts-wqy-microhei; }
 
 # On a machine with GPUs, with the interpreter it already has (no .venv is made):
 #   PYTHON=python3 make gpu-check [STEPS="notebooks tests micro benchmark"] [BUDGET=540]

@@ -23,6 +23,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from ddp_scripts.cli import HELD_FOLDERS, UsageError, say
 from ddp_scripts.devices import say_device
+from ddp_scripts.hardware import describe_hardware, seconds_since_start
 from ddp_scripts.ranks import on_rank_0, world_size
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, holds_a_run
 
@@ -260,7 +261,6 @@ def run_context(args, device, model, threads, data_source, **levers):
 def write_summary(out, model, device, train_start, args, **extra):
     """OUT/run.json, once the run has finished: times (start-up from the process's start),
     hardware, options; `extra`: more keys to record."""
-    from ddp_scripts.measure.hardware import describe_hardware, seconds_since_start  # measuring
     end = time.perf_counter()
     start = end - seconds_since_start()  # the process's start, on perf_counter's clock
     summary = {"strategy": strategy_of(model), "world_size": world_size(),

@@ -8,6 +8,7 @@ import os
 import torch
 
 from ddp_scripts.cli import UsageError, say
+from ddp_scripts.hardware import usable_cores
 from ddp_scripts.ranks import TORCHRUN_VARIABLES
 
 
@@ -78,7 +79,6 @@ def set_precision(tf32=False):
 def set_cpu_threads(threads=None, processes_per_node=None):
     """Split the cores this process may use (a Slurm job or a container may allow fewer than
     the machine's) between the LOCAL_WORLD_SIZE processes of its node (1 without torchrun)."""
-    from ddp_scripts.measure.hardware import usable_cores  # affinity and cgroup quotas: the machine's details
     if processes_per_node is None:
         text = os.environ.get("LOCAL_WORLD_SIZE", "1")
         if not (text.isdigit() and int(text) >= 1):

@@ -141,11 +141,17 @@ def added_environment(env=None):
 def shell_line(command, env=None):
     """`command`, run with `env`, as one line a reader types in a shell: the variables the
     launcher adds first, but for the book's own two (the error file's, a temporary path, and
-    DDP_SCRIPTS_FAST_EXIT, which cli.run_cli asks to leave out of your own runs), every word
+    DDP_SCRIPTS_FAST_EXIT, which cli.run_cli asks to leave out of your own runs), this Python
+    as `python` (`torchrun` for its `-m torch.distributed.run`: the same program), every word
     quoted where it must be, paths inside the repository relative to it (run it from there)."""
     variables = [f"{name}={shlex.quote(value)}" for name, value in added_environment(env).items()
                  if name != FAST_EXIT]
-    return " ".join([*variables, shlex.join(repository_relative(str(word)) for word in command)])
+    words = [str(word) for word in command]
+    if words[:3] == [sys.executable, "-m", "torch.distributed.run"]:
+        words = ["torchrun", *words[3:]]
+    elif words[:1] == [sys.executable]:
+        words = ["python", *words[1:]]
+    return " ".join([*variables, shlex.join(repository_relative(word) for word in words)])
 
 
 def repository_relative(word):

@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from ddp_scripts.measure.hardware import cpu_name
+from ddp_scripts.hardware import cpu_name
 
 
 def device_table(free_memory=False, uuids=False):

@@ -1,8 +1,8 @@
 """Chapter 11's memory pages: the calculator's tables beside the run, its form, two figures,
 and the checks whose verdicts the chapter prints.
 
-The predictions come from ddp_scripts/recorders/memory_plan.py, the measurements from the lines
-ddp_scripts/recorders/memory_run.py wrote (memory.jsonl, and peaks.jsonl for torch's tracker); the
+The predictions come from ddp_scripts/fit/memory_plan.py, the measurements from the lines
+ddp_scripts/fit/memory_run.py wrote (memory.jsonl, and peaks.jsonl for torch's tracker); the
 figures draw both with notebooks/figures.py.
 """
 import json
@@ -11,9 +11,9 @@ import pandas as pd
 import torch
 from matplotlib.patches import ConnectionPatch, Rectangle
 
-from ddp_scripts.recorders.memory_plan import (PARTS, PEAK_STRATEGIES, STATES_PER_PARAMETER,
+from ddp_scripts.fit.memory_plan import (PARTS, PEAK_STRATEGIES, STATES_PER_PARAMETER,
                                                STRATEGIES, peak_agrees, peak_plan, plan)
-from ddp_scripts.recorders.memory_run import fake_peaks
+from ddp_scripts.fit.memory_run import fake_peaks
 from ddp_scripts.checkpoints import identical  # noqa: F401 (the chapter imports it from here)
 from ddp_scripts.sharding import WideMLP
 from notebooks.figures import colour, stacked_bars, tensor_grid

@@ -115,11 +115,10 @@ def pair_facts():
 
 
 # The child's program: the pairs, printed as one line of JSON (pairs as "i,j" keys).
-PAIRS_CHILD = f"""import json, sys
-sys.path.insert(0, {str(pathlib.Path(__file__).resolve().parents[1])!r})
+PAIRS_CHILD = """import json
 from notebooks.machine_check import pair_facts
-print(json.dumps({{name: {{f"{{i}},{{j}}": ok for (i, j), ok in facts.items()}}
-                  for name, facts in pair_facts().items()}}))
+print(json.dumps({name: {f"{i},{j}": ok for (i, j), ok in facts.items()}
+                  for name, facts in pair_facts().items()}))
 """
 
 

@@ -17,7 +17,7 @@ A digest does not stop a determined student from trying every small answer, and 
 meant to: it keeps the answer out of sight of one who reads the cell before trying.
 
 Only the notebooks use this module; it lives beside them (as `notebooks/selfcheck.py`, imported
-as `notebooks.selfcheck` once the set-up cell has put the repository root on sys.path), and
+as `notebooks.selfcheck` once the set-up cell has installed the repository's package), and
 the student copies carry it.
 """
 import ast

@@ -9,11 +9,11 @@ import http.server
 import os
 import re
 import threading
-from pathlib import Path
 
 import pytest
 
 from book_files import HTML, MISSING_SITE, SCREENSHOTS
+from chromium import find_chromium
 
 
 def pytest_configure(config):
@@ -33,7 +33,6 @@ def pytest_configure(config):
         torch.set_num_threads(len(share))
 
 
-CHROMIUM = Path("/usr/bin/chromium")
 # sphinx-thebe 0.3.1 (which jupyter-book 1.x always loads) puts its settings script on every
 # page twice; the second `const` fails. Thebe is not used (launch_buttons.thebe is off), so
 # nothing a reader sees depends on it. Any other script error fails the tests.
@@ -71,13 +70,15 @@ def server(site):
 
 @pytest.fixture(scope="session")
 def browser():
-    """Debian's Chromium, headless, driven by Playwright."""
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: run `make browser` (apt-get install chromium)",
-                    pytrace=False)
+    """Chromium, wherever the system or playwright put it (tests/chromium.py), headless,
+    driven by Playwright."""
+    found = find_chromium()
+    if found is None:
+        pytest.fail("no Chromium found: run `make browser` (apt-get install chromium) or "
+                    "`playwright install chromium`", pytrace=False)
     from playwright.sync_api import sync_playwright
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        chromium = playwright.chromium.launch(executable_path=str(found), args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
 

@@ -7,6 +7,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import sysconfig
 import traceback
 from pathlib import Path
 from unittest import mock
@@ -72,6 +73,27 @@ def run_in_process(script, *args):
         os.environ.update(saved[3])
         signal.signal(signal.SIGINT, saved[4])
     return subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
+
+
+def run_shown_line(line, **kwargs):
+    """A command line the launcher shows (`$ ...`), run by bash as a reader runs it: in this
+    environment, activated, so that its `python` and `torchrun` come first on PATH."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return subprocess.run(["bash", "-c", line.removeprefix("$ ")], capture_output=True,
+                          text=True, env={**os.environ, "PATH": path}, **kwargs)
+
+
+def fresh_venv(folder):
+    """The Python of a new virtual environment in `folder`, as a reader's own where the book is
+    not installed: this Python's packages (torch, setuptools, ...) come behind its own, so
+    nothing is downloaded, but their .pth files are not read from there, so the book's editable
+    install is not seen. Run it with PYTHONPATH and PYTHONHOME left out of its environment."""
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True, timeout=300)
+    python = Path(folder) / "bin" / "python"
+    new_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    (Path(new_site) / "behind.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return python
 
 
 def load_model_state(out):

@@ -24,7 +24,7 @@ import yaml
 from book.tools import ROOT, ToolError, gpu_recordings, offline_assets, words
 from book.tools.notebooks import read_notebook, write_notebook
 from book.tools.translations import ZH, relative
-from ddp_scripts.measure.hardware import describe_hardware, usable_cores
+from ddp_scripts.hardware import describe_hardware, usable_cores
 
 BUILD = ROOT / "_build"
 HTML = BUILD / "html"

@@ -17,18 +17,20 @@ skipped, and nothing is recorded (the folder is _build/gpu-check/results).
 """
 import argparse
 import datetime as dt
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from book.tools import ROOT, ToolError, build, gpu_recordings as rec
-from ddp_scripts.measure.hardware import describe_hardware
+from ddp_scripts.measure.links import describe_machine
 
 WORK = ROOT / "_build" / "gpu-check"
 STEPS = ["notebooks", "tests", "micro", "benchmark"]
@@ -49,8 +51,8 @@ PLATFORMS = [*(f"manylinux_2_{glibc}_x86_64" for glibc in (17, 27, 28, 34)), "an
 
 
 def this_machine():
-    """hardware.py's description (its label names the recordings), with cores and a slug."""
-    machine = describe_hardware()
+    """links.describe_machine (its label names the recordings), with cores and a slug."""
+    machine = describe_machine()
     machine["cores"] = machine["cpu"]["usable_cores"]   # as its label says
     gpus = ["-".join(gpu["name"].lower().removeprefix("nvidia ").split()) for gpu in machine["gpus"]]
     machine["slug"] = f"{len(gpus)}x-{gpus[0]}" if gpus else f"cpu-{machine['cores']}core"
@@ -222,11 +224,27 @@ def pack(folder, target):
     os.replace(partial, target)
 
 
+def check_pack_target(target):
+    """A ToolError unless `target` can be written as pack() writes it: not a folder, and its
+    folder (made if missing) takes a new file. Checked before any step runs."""
+    target = Path(target)
+    if target.is_dir():
+        raise ToolError(f"--pack {target}: a folder; give the .tar.gz file's path")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}."):
+            pass
+    except OSError as error:
+        raise ToolError(f"--pack {target}: its folder cannot be written ({error.strerror or error})") from None
+
+
 def run_line(python, commit, budget_s=540):
     """The one command line for a GPU machine without a package index, with .gpu-wheels/ beside
-    the repository's root: the wheels installed, then the check within budget_s, packed to $OUT."""
+    the repository's root: the wheels installed, then the check within budget_s, packed to $OUT.
+    The book's own code is not installed there (that needs setuptools the image may lack): the
+    root beside the wheels' folder on PYTHONPATH is what `pip install -e .` gives elsewhere."""
     return (f"{python} -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
-            f"--target /tmp/site .gpu-wheels/*.whl && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 {python} "
+            f"--target /tmp/site .gpu-wheels/*.whl && PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 {python} "
             f"-m book.tools gpu-check --budget-s {budget_s} --commit {commit} "
             "--pack \"${OUT:-_build}/gpu-check.tgz\"")
 
@@ -245,13 +263,25 @@ def bundle(python="python3"):
             wheel.unlink()
     print(f"{len(list(wheels.glob('*.whl')))} wheels in .gpu-wheels/. On the GPU machine, from "
           "the repository's root with .gpu-wheels/ beside it (the device tool: carry .gpu-wheels, "
-          "_build/notebook-timings.xml and _build/notebook-machine.txt; timeout_s 600):")
+          "_build/notebook-timings.xml and _build/notebook-machine.txt, the last two required: they "
+          "time the chapters no GPU run has timed; timeout_s 600):")
+    if not Path(build.EXECUTED.timings).exists():
+        print(f"{build.EXECUTED.timings} is missing: run `make book` first, or the plan assumes "
+              f"{UNTIMED_STEP_S} s for each chapter no GPU run has timed.")
     print(run_line(python, current_commit()))
     return 0
 
 
-def print_plan(rows, budget_s):
-    """The plan, a line a step: its expected seconds, where they come from, when it would end."""
+def step_of(key):
+    """The STEP that runs a plan's key: notebook:NAME is notebooks/NAME, benchmark:NAME is benchmark."""
+    kind, _, name = key.partition(":")
+    return f"notebooks/{name}" if kind == "notebook" else kind
+
+
+def print_plan(rows, budget_s, counted=None):
+    """The plan, a line a step: its expected seconds, where they come from, when it would end.
+    Then, when some step does not fit: the chapters with no box current among them (by the
+    boxes of `counted`), and the STEPS of a second call that runs what this one leaves out."""
     print(f"plan: {len(rows)} step(s)" + (f", budget {budget_s:g} s" if budget_s is not None else ", no budget"))
     for number, (key, seconds, source, ends) in enumerate(rows, 1):
         when = f"ends at {ends:7.1f} s" if ends is not None else "not started: over the budget"
@@ -259,6 +289,15 @@ def print_plan(rows, budget_s):
     started = [row for row in rows if row[3] is not None]
     print(f"{len(started)} of {len(rows)} step(s) within the budget, expected {sum(r[1] for r in started):.1f} s",
           flush=True)
+    left_out = [row for row in rows if row[3] is None]
+    never = [f"{key.split(':', 1)[1]} ({seconds:.1f} s, {source})" for key, seconds, source, _ in left_out
+             if key.startswith("notebook:") and not (counted or {}).get(key.split(":", 1)[1], {}).get("current", 1)]
+    if never:
+        print(f"No box current and over the budget, so not recorded by this call: {'; '.join(never)}")
+    if left_out:
+        steps = " ".join(dict.fromkeys(step_of(row[0]) for row in left_out))
+        print(f'A second call records what this one leaves out: STEPS="{steps}" (make gpu-check), '
+              f"or gpu-check {steps}", flush=True)
 
 
 def main(argv=None):
@@ -277,17 +316,20 @@ def main(argv=None):
     if args.bundle:
         return bundle()
     started = time.monotonic()
-    if args.budget_s is not None and args.budget_s <= 0:
-        raise ToolError(f"--budget-s {args.budget_s:g}: a budget is a number of seconds above 0")
+    if args.budget_s is not None and not (math.isfinite(args.budget_s) and args.budget_s > 0):
+        raise ToolError(f"--budget-s {args.budget_s:g}: a budget is a finite number of seconds above 0")
+    counted = rec.box_counts_by_notebook(sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")))
     if args.plan:
-        keys = [key for key, _ in commands(args.steps, "SLUG")]
-        print_plan(plan(keys, expected_seconds(keys), args.budget_s), args.budget_s)
+        keys = [key for key, _ in commands(args.steps, "SLUG", counted)]
+        print_plan(plan(keys, expected_seconds(keys), args.budget_s), args.budget_s, counted)
         return 0
+    if args.pack:
+        check_pack_target(args.pack)
     machine = this_machine()
     record = bool(machine["gpus"]) and not args.dry_run
-    steps = commands(args.steps, machine["slug"])   # a wrong step stops before anything runs
+    steps = commands(args.steps, machine["slug"], counted)   # a wrong step stops before anything runs
     expected = expected_seconds([key for key, _ in steps])
-    print_plan(plan([key for key, _ in steps], expected, args.budget_s), args.budget_s)
+    print_plan(plan([key for key, _ in steps], expected, args.budget_s), args.budget_s, counted)
     today = dt.datetime.now(dt.timezone.utc).date().isoformat()
     folder = (rec.RECORDINGS / f"{today}-{machine['slug']}" if record
               else WORK / "dry-run" / f"{today}-{machine['slug']}" if args.dry_run else WORK / "results")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from book.tools import ROOT, words
 from book.tools.notebooks import joined, read_notebook, source_of, tags_of, write_notebook
-from ddp_scripts.measure import hardware
+from ddp_scripts.measure import links
 
 RECORDINGS = ROOT / "results" / "gpu-runs"
 CELLS_FILE, RUN_FILE, CONDITIONS_FILE = "cells.json", "run.json", "conditions.json"
@@ -83,7 +83,7 @@ def text_of(output):
         text = f"{output.get('ename')}: {output.get('evalue', '')}\n"
     else:
         text = joined(output.get("data", {}).get("text/plain", "")) + "\n"
-    return hardware.ESCAPE_CODES.sub("", text)
+    return links.ESCAPE_CODES.sub("", text)
 
 
 def page_output(output):

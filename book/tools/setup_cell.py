@@ -1,8 +1,9 @@
-# Setup: find the companion scripts (ddp_scripts/) next to this notebook; opened alone
-# (on Colab, say), fetch them from the book's repository first, or from a mirror of it
-# named by the environment variable BOOK_REPO_URL (in a notebook already running, set it
-# in a cell above this one: os.environ["BOOK_REPO_URL"] = "https://...").
-import os, pathlib, shutil, subprocess, sys
+# Setup: find the companion scripts (ddp_scripts/) next to this notebook, and install them
+# (pip install -e) where this Python lacks them; opened alone (on Colab, say), fetch them from
+# the book's repository first, or from a mirror of it named by the environment variable
+# BOOK_REPO_URL (in a notebook already running, set it in a cell above this one:
+# os.environ["BOOK_REPO_URL"] = "https://...").
+import importlib.util, os, pathlib, shutil, site, subprocess, sys, sysconfig
 
 REPOSITORY = "https://github.com/pytorch-gpu-book/pytorch-gpu-book"
 here = pathlib.Path.cwd().resolve()
@@ -34,6 +35,19 @@ if ROOT is None:
             f"或仓库的 zip 解压到 {here}，"
             f"或把 BOOK_REPO_URL 设为镜像地址，然后重新运行本单元格。")
     ROOT = clone
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+installed = importlib.util.find_spec("ddp_scripts")
+if installed is None:  # not installed in this Python yet
+    # Installed editable, so an edit to the scripts counts. Python reads the install's .pth file
+    # only as it starts; site.addsitedir reads it now, so the kernel needs no restart.
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)]
+    # built with the setuptools already here (no download) where it can, else as pip does
+    if subprocess.run([*pip, "--no-build-isolation"], capture_output=True).returncode != 0:
+        subprocess.run(pip, check=True)
+    for folder in filter(os.path.isdir, {sysconfig.get_path("purelib"), site.getusersitepackages()}):
+        site.addsitedir(folder)
+elif (used := pathlib.Path(installed.origin).parents[1].resolve()) != ROOT:
+    print(f"notice: this Python uses the book's code installed from {used}, not {ROOT}'s: "
+          f"pip install -e {ROOT} and restart the kernel to use this copy\n"
+          f"注意：此 Python 使用的是从 {used} 安装的本书代码，而非 {ROOT} 中的："
+          f"运行 pip install -e {ROOT} 并重启 Jupyter 内核即可改用这份副本")
 RUNS = ROOT / "runs"  # where the companion scripts write their logs and checkpoints

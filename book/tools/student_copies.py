@@ -33,7 +33,7 @@ def student_copy(notebook):
 
 def write_copies(notebooks, out, replace_all=False):
     """The copies, written into OUT/notebooks (a Chinese chapter into OUT/notebooks/zh), with
-    the companion scripts; replace_all: no copy of another notebook is left there."""
+    the companion scripts and what installs them; replace_all: no copy of another notebook is left there."""
     out = Path(out)
     if replace_all:   # a chapter renamed or removed leaves no stale copy behind
         shutil.rmtree(out / "notebooks", ignore_errors=True)
@@ -53,6 +53,9 @@ def write_copies(notebooks, out, replace_all=False):
     # the self-checks and their Chinese hints, the chapters' helpers
     for helper in [*(ROOT / "notebooks").glob("*.py"), *(ROOT / "notebooks").glob("*.json")]:
         shutil.copy2(helper, out / "notebooks" / helper.name)
+    # what `pip install -e` reads: the set-up cell installs the copy where the book is not
+    for name in ("pyproject.toml", "requirements.txt"):
+        shutil.copy2(ROOT / name, out / name)
     return written
 
 

@@ -19,7 +19,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from ddp_scripts.fit.trace import MASTER, fake_model, loss_of, sample_input
 from ddp_scripts.ranks import leave_process_group
 # TRACKED_STEPS: the last is measured, once every op has run (memory_run.py says why).
-from ddp_scripts.recorders.memory_run import TRACKED_STEPS, forget_the_peak, note_where_the_peak_rises
+from ddp_scripts.fit.memory_run import TRACKED_STEPS, forget_the_peak, note_where_the_peak_rises
 
 # The step as a GPU takes it: all tensors at once (foreach), PyTorch's default on CUDA.
 OPTIMIZERS = {

@@ -42,14 +42,11 @@ import sys
 import time
 from pathlib import Path
 
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
-
 from ddp_scripts.checkpoints import write_atomically
 from ddp_scripts.cli import UsageError, first_line, run_cli
 from ddp_scripts.mishaps import cannot_write
 from ddp_scripts.cifar10 import cifar10_tensors
-from ddp_scripts.measure.hardware import describe_hardware
+from ddp_scripts.measure.links import describe_machine
 from ddp_scripts.launcher import (ROOT, SCRIPTS, LaunchError, as_cli, read_metrics, repository_relative,
                                   run_command, torchrun_command)
 from ddp_scripts.options import ArgumentParser, check_at_least_one, count, seconds, seed_number
@@ -332,7 +329,7 @@ def run_benchmark(configs, settings, out, runs_dir, overwrite=False, cpu_process
 
     The results file is written again after each measured repeat ("finished": false until
     the last): an interrupted benchmark keeps what it had measured."""
-    machine = describe_hardware()
+    machine = describe_machine()
     echo(f"[benchmark] hardware: {machine['label']}")
     preset = SIZES[settings["size"]]
     changed = {k: v for k, v in settings.items() if k in preset and v != preset[k]}

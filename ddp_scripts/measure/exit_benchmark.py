@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from ddp_scripts.cli import UsageError, run_cli
-from ddp_scripts.measure.hardware import usable_cores
+from ddp_scripts.hardware import usable_cores
 from ddp_scripts.options import ArgumentParser, count, seconds
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -148,7 +148,7 @@ def main(argv=None):
         print("error: --train-samples must be at least 512 (one batch of 512)", file=sys.stderr)
         return 2
     from ddp_scripts.data import TensorImages, synthetic_cifar
-    from ddp_scripts.measure.hardware import describe_hardware
+    from ddp_scripts.measure.links import describe_machine
     (images, labels), _ = synthetic_cifar(args.train_samples, 256)
     dataset = TensorImages(images, labels, "synthetic")
     out = Path(args.out)
@@ -175,7 +175,7 @@ def main(argv=None):
             print(lines[-1], flush=True)
     after = load_average()
     (out / "micro.txt").write_text("\n".join(lines) + "\n")
-    machine = describe_hardware()
+    machine = describe_machine()
     (out / "micro.json").write_text(json.dumps({
         "what": "where the GPU time goes for the book's CNN and ResNet-18: the scripts' data "
                 "path, data kept on the GPU, and a CUDA-graph replay of the same training step "

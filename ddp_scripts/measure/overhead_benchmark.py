@@ -34,7 +34,7 @@ from ddp_scripts.cli import UsageError, run_cli  # noqa: E402
 from ddp_scripts.data import synthetic_cifar  # noqa: E402
 from ddp_scripts.models import build_model  # noqa: E402
 from ddp_scripts.options import ArgumentParser, count  # noqa: E402
-from ddp_scripts.measure.hardware import describe_hardware  # noqa: E402
+from ddp_scripts.hardware import describe_hardware  # noqa: E402
 from ddp_scripts.launcher import (free_port, run_command, run_script,  # noqa: E402
                                   torchrun_command)
 from ddp_scripts.ranks import leave_process_group  # noqa: E402

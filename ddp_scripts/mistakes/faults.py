@@ -10,13 +10,9 @@ job had recovered (logged the next epoch).
 import argparse
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import psutil
 

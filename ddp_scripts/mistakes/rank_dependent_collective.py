@@ -13,12 +13,8 @@ timeout, then fails.
 import argparse
 import datetime
 import json
-import sys
 import time
 from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist

@@ -9,11 +9,6 @@ import; a function in a file like this one can be imported by all of them.
 import argparse
 import datetime
 import os
-import sys
-from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist

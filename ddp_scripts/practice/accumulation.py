@@ -6,12 +6,6 @@ last micro-batch all-reduces the sum once. The all-reduces are counted; the fina
 
     torchrun --nproc-per-node 2 ddp_scripts/practice/accumulation.py --out runs/practice
 """
-import sys
-from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
-
 import contextlib
 
 import torch

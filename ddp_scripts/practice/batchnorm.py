@@ -7,12 +7,6 @@ all_reduce of the count, the sums and the sums of squares.
 
     torchrun --nproc-per-node 2 ddp_scripts/practice/batchnorm.py --out runs/practice
 """
-import sys
-from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn

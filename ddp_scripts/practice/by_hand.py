@@ -6,11 +6,7 @@ buckets and with tiny ones.
 
     torchrun --nproc-per-node 2 ddp_scripts/practice/by_hand.py --out runs/practice
 """
-import sys
 from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import hashlib
 

@@ -7,12 +7,6 @@ line after wrapping. The bytes are counted at the all_reduce calls the hooks mak
 
     torchrun --nproc-per-node 2 ddp_scripts/practice/compression.py --out runs/practice
 """
-import sys
-from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn

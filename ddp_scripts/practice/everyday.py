@@ -7,12 +7,6 @@ Writes OUT/NAME.json for each demonstration. Each also runs alone: by_hand.py, b
 accumulation.py, batchnorm.py, unused_parameters.py, seeding.py, compression.py, zero.py,
 uneven_inputs.py; and hooks.py, which records what the chapter's figures draw.
 """
-import sys
-from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
-
 from ddp_scripts.practice import (accumulation, batchnorm, buckets, by_hand, compression,
                                   hooks, seeding, unused_parameters, uneven_inputs, zero)
 from ddp_scripts.practice.group import main

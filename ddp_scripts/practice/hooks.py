@@ -9,12 +9,6 @@ counting comm hook) and one gradient's value on each rank, with and without no_s
 
     torchrun --nproc-per-node 2 ddp_scripts/practice/hooks.py --out runs/practice
 """
-import sys
-from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
-
 import contextlib
 import time
 

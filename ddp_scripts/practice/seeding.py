@@ -9,12 +9,6 @@ initialisations. DDP would have broadcast rank 0's.
 
     torchrun --nproc-per-node 2 ddp_scripts/practice/seeding.py --out runs/practice
 """
-import sys
-from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn

@@ -7,11 +7,7 @@ apart in the next epoch unless the state is made equal too.
 
     torchrun --nproc-per-node 2 ddp_scripts/practice/uneven_inputs.py --out runs/practice
 """
-import sys
 from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import contextlib
 import datetime

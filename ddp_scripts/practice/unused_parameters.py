@@ -3,12 +3,6 @@ and static_graph, and what each costs per step.
 
     torchrun --nproc-per-node 2 ddp_scripts/practice/unused_parameters.py --out runs/practice
 """
-import sys
-from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
-
 import statistics
 import time
 

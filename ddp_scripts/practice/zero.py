@@ -5,12 +5,6 @@ the difference between the two trained models.
 
     torchrun --nproc-per-node 2 ddp_scripts/practice/zero.py --out runs/practice
 """
-import sys
-from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

@@ -21,12 +21,8 @@ Rank 0 gathers everything and writes OUT/anatomy.json.
 import json
 import os
 import socket
-import sys
 import time
 from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist

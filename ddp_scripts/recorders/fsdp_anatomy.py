@@ -30,12 +30,8 @@ Rank 0 writes OUT/anatomy.json. Every rank also saves its FSDP model the classic
 torch.save(model.state_dict()), to OUT/state_dict_rank<N>.pt, for the chapter to load.
 """
 import json
-import sys
 import types
 from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist

@@ -14,11 +14,6 @@ which sets LOCAL_RANK, RANK and WORLD_SIZE, and init_method='env://' (see train_
 """
 import datetime
 import os
-import sys
-from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist

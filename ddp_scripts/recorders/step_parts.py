@@ -40,12 +40,8 @@ import argparse
 import itertools
 import json
 import os
-import sys
 import time
 from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist
@@ -55,7 +51,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_scripts.cli import UsageError, first_line, run_cli
 from ddp_scripts.devices import pick_device, set_cpu_threads, synchronize
 from ddp_scripts.fit.trace import factory, loss_of, parse_kwargs
-from ddp_scripts.measure.hardware import usable_cores
+from ddp_scripts.hardware import usable_cores
 from ddp_scripts.measure.benchmark import RELIABLE_SPREAD
 from ddp_scripts.models import build_model
 from ddp_scripts.options import ArgumentParser, count, non_negative_int, seconds

@@ -14,12 +14,8 @@ import datetime
 import json
 import os
 import socket
-import sys
 import time
 from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import psutil
 import torch

@@ -10,7 +10,7 @@ from pathlib import Path
 from book_files import ROOT, cell_source, chapters, load_notebook
 
 from book.tools import gpu_recordings
-from ddp_scripts.measure import hardware
+from ddp_scripts.measure import links
 
 CHAPTERS = chapters()
 RECORDINGS = gpu_recordings.load_recordings()
@@ -76,10 +76,10 @@ def test_recorded_results_files_have_no_terminal_escape_codes():
 
 
 def test_nvidia_smis_escape_codes_never_reach_a_results_file(monkeypatch):
-    """Why gpu-check cleans no results file: hardware.py takes them out as it reads nvidia-smi."""
+    """Why gpu-check cleans no results file: links.py takes them out as it reads nvidia-smi."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    monkeypatch.setattr(hardware, "_nvidia_smi", lambda arguments: "\x1b[4mGPU0\tCPU\x1b[0m\nGPU0\t X")
-    assert hardware.gpu_interconnect(1)["topology"] == "GPU0\tCPU\nGPU0\t X"
+    monkeypatch.setattr(links, "_nvidia_smi", lambda arguments: "\x1b[4mGPU0\tCPU\x1b[0m\nGPU0\t X")
+    assert links.gpu_interconnect(1)["topology"] == "GPU0\tCPU\nGPU0\t X"
 
 
 def chapter_two_with_recording():

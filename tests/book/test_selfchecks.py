@@ -11,11 +11,11 @@ import io
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
 from book_files import ROOT, SETUP_CELL, cell_source, chapters, load_notebook
+from helpers import fresh_venv
 
 from book.tools import student_copies
 
@@ -233,13 +233,15 @@ def test_student_copy_shows_no_answer(handout, path, index, label, expected, pla
         assert not found, f"{path.name}, {label}: the student copy shows the answer: {found}"
 
 
-def test_student_copy_imports_the_self_checks_from_its_own_folder(handout):
-    """The set-up cell, run in the copy's notebooks/, finds notebooks.selfcheck there."""
+def test_student_copy_imports_the_self_checks_from_its_own_folder(handout, tmp_path):
+    """In a student's own Python, where the book is not installed, the set-up cell, run in the
+    copy's notebooks/, installs the copy and imports notebooks.selfcheck from there."""
     code = (SETUP_CELL.read_text() + "\nimport notebooks.selfcheck as s\n"
             "print(s.__file__)\ns.check(None, 'x:0')\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, "-c", code], cwd=handout / "notebooks", env=env,
-                            capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    result = subprocess.run([str(fresh_venv(tmp_path / "venv")), "-c", code],
+                            cwd=handout / "notebooks", env=env, capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stderr
     where, message = result.stdout.splitlines()[:2]
     assert where == str(handout / "notebooks" / "selfcheck.py")

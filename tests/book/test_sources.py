@@ -16,6 +16,7 @@ import textwrap
 import pytest
 
 from book_files import ROOT, SETUP_CELL, cell_source, chapters, config, load_notebook
+from helpers import fresh_venv
 
 from book.tools import sources
 from book.tools.sources import exercise_shape_problems
@@ -270,6 +271,7 @@ def test_setup_cell_inside_the_repository_finds_root_without_git(tmp_path):
         assert printed(result, "ROOT") == str(ROOT)
         assert printed(result, "RUNS") == str(ROOT / "runs")
         assert not log.exists(), "git was called although the scripts were there"
+        assert "notice" not in result.stdout   # the installed book is this one
     finally:
         import shutil
         shutil.rmtree(inside.parent)
@@ -289,6 +291,28 @@ def test_setup_cell_alone_clones_the_repository_once(tmp_path):
     assert again.returncode == 0, again.stderr
     assert printed(again, "ROOT") == str(alone / "gpu-book")
     assert len(log.read_text().splitlines()) == 1
+
+
+def test_setup_cell_installs_the_scripts_where_python_lacks_them_and_imports_them_at_once(tmp_path):
+    """A kernel whose Python lacks the book's code (Colab's, say): the cell installs it from
+    ROOT (pip install -e) and the same process imports it, with no restart and no sys.path
+    entry of its own; the unpacked zip stands for the clone."""
+    python = fresh_venv(tmp_path / "venv")
+    repository = tmp_path / "content" / "pytorch-gpu-book-main"
+    (repository / "ddp_scripts").mkdir(parents=True)
+    for name in ("pyproject.toml", "requirements.txt"):
+        shutil.copy(ROOT / name, repository / name)
+    for name in ("__init__.py", "train_single.py"):
+        (repository / "ddp_scripts" / name).write_text("")
+    code = (SETUP_CELL.read_text() + "\nimport ddp_scripts\nprint('FROM=' + ddp_scripts.__file__)\n"
+            "print('ON_PATH=' + str(str(ROOT) in sys.path))\n")
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME")}
+    result = subprocess.run([str(python), "-c", code], cwd=repository.parent, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert printed(result, "FROM") == str(repository / "ddp_scripts" / "__init__.py")
+    assert printed(result, "ON_PATH") == "False"
+    assert "notice" not in result.stdout   # it uses the copy at ROOT
 
 
 def clone_failed(result, url, clone):
@@ -326,6 +350,24 @@ def test_setup_cell_finds_a_repository_zip_unpacked_under_its_own_name(tmp_path)
     assert result.returncode == 0, result.stderr
     assert printed(result, "ROOT") == str(alone / "pytorch-gpu-book-main")
     assert not log.exists(), "git was called although the unpacked zip was there"
+
+
+def test_setup_cell_says_when_this_python_uses_the_book_s_code_from_another_copy(tmp_path):
+    """This Python has the book installed from ROOT (tests run the editable install); a
+    notebook beside another copy gets one line, in each edition's language, saying which copy
+    it uses and how to use its own."""
+    alone = tmp_path / "content"
+    other = alone / "pytorch-gpu-book-main"
+    (other / "ddp_scripts").mkdir(parents=True)
+    (other / "ddp_scripts" / "train_single.py").write_text("")
+    result = run_setup_cell(alone, fake_git(tmp_path / "bin", tmp_path / "git.log",
+                                            clone_works=False))
+    assert result.returncode == 0, result.stderr
+    english, chinese = [line for line in result.stdout.splitlines() if "ROOT=" not in line
+                        and "RUNS=" not in line]
+    assert english.startswith(f"notice: this Python uses the book's code installed from {ROOT}, "
+                              f"not {other}'s: pip install -e {other}"), english
+    assert chinese.startswith("注意：") and str(ROOT) in chinese and str(other) in chinese, chinese
 
 
 def test_setup_cell_alone_without_network_fails_with_one_line_that_says_what_to_do(tmp_path):

@@ -65,16 +65,17 @@ def test_student_copy_has_no_solution_and_keeps_the_exercises(handout, path):
 
 def test_student_copy_runs_what_the_build_ran(handout):
     """A copy drops solution cells, which are prose, and outputs: it keeps every code cell of
-    its chapter, in order, and carries the companion scripts and the chapters' helpers as
-    they are. So it runs what the build executed (every chapter, both editions), in the same
-    layout, and it is not executed a second time here."""
+    its chapter, in order, and carries the companion scripts, the chapters' helpers and what
+    installs them (pyproject.toml, requirements.txt) as they are. So it runs what the build
+    executed (every chapter, both editions), in the same layout, and it is not executed a
+    second time here."""
     for path in BOTH_EDITIONS:
         code = [[cell.source for cell in nbformat.read(notebook, as_version=4).cells
                  if cell.cell_type == "code"] for notebook in (path, handout / path.relative_to(ROOT))]
         assert code[0] and code[1] == code[0], path.name
     carried = [*(p for p in (ROOT / "ddp_scripts").rglob("*") if p.is_file()
                  and "__pycache__" not in p.parts), *(ROOT / "notebooks").glob("*.py"),
-               *(ROOT / "notebooks").glob("*.json")]
+               *(ROOT / "notebooks").glob("*.json"), ROOT / "pyproject.toml", ROOT / "requirements.txt"]
     for path in carried:
         copy = handout / path.relative_to(ROOT)
         assert copy.exists() and copy.read_bytes() == path.read_bytes(), path.relative_to(ROOT)

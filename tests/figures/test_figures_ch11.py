@@ -1,4 +1,4 @@
-"""Chapter 11's figures and tables, fed a run of ddp_scripts/recorders/memory_run.py on 3 gloo ranks (run
+"""Chapter 11's figures and tables, fed a run of ddp_scripts/fit/memory_run.py on 3 gloo ranks (run
 as the chapter runs it, smaller): what they draw is what the calculator predicted and what the
 run measured."""
 import matplotlib
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ddp_scripts.launcher import run_command, torchrun_command
-from ddp_scripts.recorders.memory_plan import PARTS, PEAK_STRATEGIES, peak_plan
+from ddp_scripts.fit.memory_plan import PARTS, PEAK_STRATEGIES, peak_plan
 from notebooks.figures import new_figure
 from notebooks.fsdp_memory import (PEAK_COLUMNS, all_plain, calculator_cases, calculator_form,
                                    calculator_table, collectives_allowed, collectives_line,
@@ -24,7 +24,7 @@ from ddp_scripts.sharding import WideMLP
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ch11-memory")
-    run_command(torchrun_command("recorders/memory_run.py", 3, [
+    run_command(torchrun_command("fit/memory_run.py", 3, [
         "--out", str(out), "--width", "64", "--depth", "2", "--global-batch-size", "6"]),
         timeout=300, echo=lambda line: None)
     measured, settings = read_run(out / "memory.jsonl")
@@ -120,7 +120,7 @@ def test_right_case_every_part_on_every_rank_is_the_calculators_to_the_byte(run)
 
 def test_planted_fsdp_padding_left_out_of_the_calculator_fails_the_parts_check(run, monkeypatch):
     """Width 64 over 3 ranks: pieces of 22, 22 and 20 rows, the last allocated as 22."""
-    import ddp_scripts.recorders.memory_plan as memory_plan
+    import ddp_scripts.fit.memory_plan as memory_plan
     measured, _, _, settings = run
     right = memory_plan.chunk_rows
     monkeypatch.setattr(memory_plan, "chunk_rows",

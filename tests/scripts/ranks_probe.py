@@ -9,8 +9,6 @@ import os
 import sys
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[2])  # the repository root
-
 import torch
 import torch.distributed as dist
 

@@ -67,7 +67,7 @@ def test_threads_follow_the_cores_this_process_may_use(monkeypatch):
     """In a Slurm job or a container, a process may run on fewer cores than the machine has,
     or have a CPU quota that allows fewer still."""
     from ddp_scripts import devices
-    from ddp_scripts.measure import hardware
+    from ddp_scripts import hardware
     saved = torch.get_num_threads()
     monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7}, raising=False)
     monkeypatch.setattr(devices.os, "cpu_count", lambda: 64)
@@ -94,7 +94,7 @@ def test_threads_follow_the_cores_this_process_may_use(monkeypatch):
     ({}, None),                                    # no cgroup file system (macOS)
 ])
 def test_cpu_quota_is_read_from_the_cgroup(tmp_path, files, cores):
-    from ddp_scripts.measure.hardware import cpu_quota_cores
+    from ddp_scripts.hardware import cpu_quota_cores
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)

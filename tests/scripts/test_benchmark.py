@@ -6,8 +6,8 @@ import torch
 from ddp_scripts.measure.benchmark import (CONFIGS, command_for, load_results, parse_configs, plan_runs,
                                    readable, results_table, settings_for)
 from ddp_scripts.cli import UsageError
-from ddp_scripts.measure.hardware import (_first_line, hardware_label, parse_topology,
-                                  visible_gpu_indices)
+from ddp_scripts.hardware import hardware_label
+from ddp_scripts.measure.links import _first_line, parse_topology, visible_gpu_indices
 from ddp_scripts.runfiles import METRICS
 from helpers import run_in_process
 

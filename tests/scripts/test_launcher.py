@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from ddp_scripts import launcher
-from ddp_scripts.launcher import LaunchError, run_command, run_main, run_script, torchrun_command
+from ddp_scripts.launcher import (LaunchError, run_command, run_main, run_script, shell_line,
+                                  torchrun_command)
 from ddp_scripts.mistakes.faults import processes_mentioning
-from helpers import ROOT
+from helpers import ROOT, run_shown_line
 
 
 def test_output_is_streamed_while_the_run_goes_on(tmp_path):
@@ -113,9 +114,16 @@ def test_show_command_echoes_the_command_that_runs(tmp_path, monkeypatch):
     assert line.startswith("$ PYTHONUNBUFFERED=1 WHO='me too' ")
     assert "DDP_SCRIPTS_FAST_EXIT" not in line   # the book's speed-up, not part of your command
     assert printed == "['--note', 'two words', '--flag'] 1 me too"
-    again = subprocess.run(["bash", "-c", line.removeprefix("$ ")], capture_output=True,
-                           text=True, timeout=120)
+    assert " python " in line   # as a reader types it, in a shell where this Python is `python`
+    again = run_shown_line(line, timeout=120)
     assert again.stdout.strip() == printed
+
+
+def test_a_torchrun_line_is_shown_as_torchrun_with_the_script_s_path():
+    line = shell_line(torchrun_command("train_ddp.py", 2, ["--epochs", "1"], port=29500))
+    assert sys.executable not in line and "torch.distributed.run" not in line
+    assert " torchrun --nnodes 1 --nproc-per-node 2 " in line
+    assert line.endswith(" ddp_scripts/train_ddp.py --epochs 1")
 
 
 def test_a_log_folder_made_for_a_command_run_elsewhere_is_removed_as_python_exits():
@@ -176,7 +184,6 @@ def torchrun_summary(lines):
 
 
 SURVIVOR_AND_VICTIM = """import os, pathlib, signal, sys, time
-sys.path.insert(0, {root!r})
 from ddp_scripts import runfiles
 from ddp_scripts.mishaps import peer_lost
 told = pathlib.Path({told!r})
@@ -203,7 +210,7 @@ def test_planted_survivor_file_a_second_before_the_death_torchrun_names_the_kill
     """Rank 0's error file (a lost peer) is written in the second before rank 1 dies, and
     torchrun times rank 1 by its poll: rounded down, rank 0's time would be the earliest."""
     script = tmp_path / "killed.py"
-    script.write_text(SURVIVOR_AND_VICTIM.format(root=str(ROOT), told=str(tmp_path / "told")))
+    script.write_text(SURVIVOR_AND_VICTIM.format(told=str(tmp_path / "told")))
     lines = []
     with pytest.raises(LaunchError) as caught:
         run_command(torchrun_command(str(script), 2), timeout=120, echo=lines.append)
@@ -220,7 +227,6 @@ def rank_one_raises(script, error):
     """A run_cli script at `script` whose rank 1 raises `error` (Python source) at once, while
     rank 0 waits."""
     script.write_text(f"""import os, sys, time
-sys.path.insert(0, {str(ROOT)!r})
 from ddp_scripts.cli import UsageError, run_cli
 
 def main():

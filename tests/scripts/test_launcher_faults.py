@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -23,7 +22,7 @@ from ddp_scripts import launcher
 from ddp_scripts.launcher import (LaunchError, LaunchTimeout, run_command, run_script,
                                   torchrun_command)
 from ddp_scripts.runfiles import logged_epochs
-from helpers import ROOT
+from helpers import ROOT, run_shown_line
 
 HANG_S = 90   # far more than any of these runs takes: a guard against a hang, not a measure
 
@@ -233,7 +232,7 @@ def test_a_taken_rendezvous_port_is_named_in_one_line(tmp_path, own_tmpdir):
 def test_an_out_with_spaces_and_non_ascii_letters_in_ddp_and_in_the_shell_line(tmp_path,
                                                                                 own_tmpdir):
     """Two ranks write to the folder asked for; the line shown, run by bash from the
-    repository root, runs the same command into the same folder."""
+    repository root in this environment, runs the same command into the same folder."""
     out = tmp_path / "é 空 格" / "a run"
     shown = []
     metrics = run_script("train_ddp.py", nproc=2, out=out, timeout=300, progress=False,
@@ -244,8 +243,7 @@ def test_an_out_with_spaces_and_non_ascii_letters_in_ddp_and_in_the_shell_line(t
     assert sorted(path.name for path in tmp_path.iterdir()) == ["tmpdir", "é 空 格"]
     assert temporary_folders(own_tmpdir) == []
     shutil.rmtree(out)
-    again = subprocess.run(["bash", "-c", shown[0].removeprefix("$ ")], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300)
+    again = run_shown_line(shown[0], cwd=ROOT, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "[rank 0] epoch 1/1" in again.stdout + again.stderr
     assert logged_epochs(out) == [1]

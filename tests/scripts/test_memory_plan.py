@@ -16,12 +16,12 @@ import pytest
 import torch
 from helpers import assert_one_line_error, run_one_rank
 
-import ddp_scripts.recorders.memory_plan as memory_plan
-import ddp_scripts.recorders.memory_run as memory_run
+import ddp_scripts.fit.memory_plan as memory_plan
+import ddp_scripts.fit.memory_run as memory_run
 from ddp_scripts.launcher import run_command, torchrun_command
-from ddp_scripts.recorders.memory_plan import (PARTS, PEAK_STRATEGIES, chunk_rows, peak_plan,
+from ddp_scripts.fit.memory_plan import (PARTS, PEAK_STRATEGIES, chunk_rows, peak_plan,
                                                plan)
-from ddp_scripts.recorders.memory_run import (fake_peaks, forget_the_peak,
+from ddp_scripts.fit.memory_run import (fake_peaks, forget_the_peak,
                                               note_where_the_peak_rises, storage_bytes)
 from ddp_scripts.sharding import WideMLP
 from notebooks.fsdp_memory import (allocator_agrees, gap_notes, peaks_side_by_side, points_agree,
@@ -35,7 +35,7 @@ HEAVY = dict(width=128, depth=2, batch=1024, ranks=2)
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("memory")
-    run_command(torchrun_command("recorders/memory_run.py", RANKS, [
+    run_command(torchrun_command("fit/memory_run.py", RANKS, [
         "--out", str(out), "--width", str(WIDTH), "--depth", str(DEPTH),
         "--global-batch-size", str(BATCH), "--dtype", "float64"]),
         timeout=300, echo=lambda line: None)
@@ -444,13 +444,13 @@ def test_the_calculator_refuses_what_it_cannot_plan():
 
 
 def test_memory_run_says_what_is_wrong_in_one_line():
-    assert_one_line_error(run_one_rank("recorders/memory_run.py", "--out", "x", "--dtype", "int8"),
+    assert_one_line_error(run_one_rank("fit/memory_run.py", "--out", "x", "--dtype", "int8"),
                           "--dtype")
 
 
 def test_memory_run_tracks_fake_ranks_in_one_process(tmp_path):
     from helpers import run_in_process
-    result = run_in_process("recorders/memory_run.py", "--out", tmp_path, "--fake-ranks", "2",
+    result = run_in_process("fit/memory_run.py", "--out", tmp_path, "--fake-ranks", "2",
                             "--width", "32", "--depth", "1", "--global-batch-size", "4")
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in (tmp_path / "peaks.jsonl").read_text().splitlines()]
@@ -544,12 +544,22 @@ def test_planted_adams_second_state_dropped_fails_the_real_step(monkeypatch):
 
 
 # Any model: its own units' names, BatchNorm's buffers, token ids -----------------------------------
+class Unhooked:
+    """In place of the hook handles that MemTracker keeps for each parameter."""
+
+    def remove(self):
+        pass
+
+
 def tracked_one_process(model, inputs, labels, optimizer="sgd-momentum"):
     """torch's MemTracker over three real steps of one process on the CPU, as memory_run's
     tracked_peak runs them: the last step's peak, and where it last rose."""
     from torch.distributed._tools.mem_tracker import MemTracker
     tracker = MemTracker()
     tracker.track_external(inputs, labels)
+    for param in model.parameters():  # torch's tracker hooks each parameter's gradient, and a
+        if not param.requires_grad:   # frozen one has none to hook (register_hook refuses it)
+            tracker._param_to_grad_hook_handles[param] = (Unhooked(), Unhooked())
     where = [None]
     note_where_the_peak_rises(tracker, where)
     with tracker:
@@ -654,33 +664,108 @@ def test_float_samples_cannot_feed_an_embedding():
 
 
 # What the chapter tells a learner to budget under FSDP ---------------------------------------------
-def fsdp_budget(model, batch, ranks, dtype, units, whole_units):
+def fsdp_budget(case, optimizer="sgd-momentum", roots=2, whole_units=4, step_states=1):
     """The chapter's rule of thumb for FSDP's peak on a rank: its shards (parameters,
-    gradients, optimizer state), the root whole, `whole_units` copies of the largest unit
-    (padded), and the activations, their gradients and the batch at most."""
-    params = memory_plan._unit_parameters(model, units)
-    root = memory_plan.padded_bytes(params[-1], ranks, dtype)
-    largest = max(memory_plan.padded_bytes(unit, ranks, dtype) for unit in params[:-1])
-    held = plan(model, batch, ranks, dtype, units=units)["FSDP"][0]
-    row = max(peak_plan(model, batch, ranks, dtype, units=units)["FSDP"],
-              key=lambda row: row["peak"])
-    own = sum(row["parts"].get(part, 0) for part in ("activations", "activation gradients",
-                                                     "batch", "root's gradients"))
-    return (held["parameters"] + held["gradients"] + held["optimizer"] + root
+    gradients, optimizer state), under Adam one more state shard (the step's square roots),
+    the root whole `roots` times (its all-gather buffer is still held as the first block is
+    gathered), `whole_units` copies of the largest unit (padded), and the activations, their
+    gradients, the batch and the model's buffers at most. Returns (budget, peak)."""
+    width, depth, batch, ranks = {**CASES, "step heavy": STEP_HEAVY}[case]
+    with default_dtype(torch.float64):
+        model = WideMLP(width, depth)
+        params = memory_plan._unit_parameters(model, model.blocks)
+        root = memory_plan.padded_bytes(params[-1], ranks, torch.float64)
+        largest = max(memory_plan.padded_bytes(unit, ranks, torch.float64)
+                      for unit in params[:-1])
+        held = plan(model, batch, ranks, torch.float64, optimizer, units=model.blocks)["FSDP"][0]
+        row = max(peak_plan(model, batch, ranks, torch.float64, optimizer,
+                            units=model.blocks)["FSDP"], key=lambda row: row["peak"])
+    own = sum(row["parts"].get(part, 0) for part in (
+        "activations", "activation gradients", "batch", "root's gradients", "buffers",
+        "step counts"))
+    state = held["optimizer"] // memory_plan.STATES_PER_PARAMETER[optimizer]
+    extra = step_states * state if optimizer == "adam" else 0
+    return (held["parameters"] + held["gradients"] + held["optimizer"] + extra + roots * root
             + whole_units * largest + own), row["peak"]
 
 
-@pytest.mark.parametrize("case", ["chapter", "heavy"])
-def test_right_case_the_chapters_fsdp_budget_covers_the_peak(case):
-    """The unit computing, its gradients, the unit prefetched and one reduce-scatter input."""
-    width, depth, batch, ranks = CASES[case]
-    model = WideMLP(width, depth)
-    budget, peak = fsdp_budget(model, batch, ranks, torch.float64, model.blocks, 4)
+BUDGET_CASES = [("small", "sgd-momentum"), ("chapter", "sgd-momentum"),
+                ("heavy", "sgd-momentum"), ("small", "adam"), ("step heavy", "adam")]
+
+
+@pytest.mark.parametrize("case, optimizer", BUDGET_CASES)
+def test_right_case_the_chapters_fsdp_budget_covers_the_peak(case, optimizer):
+    """The unit computing, its gradients, the unit prefetched and one reduce-scatter input;
+    the root twice; under Adam the step's temporaries."""
+    budget, peak = fsdp_budget(case, optimizer)
     assert budget >= peak
 
 
-def test_planted_budget_without_the_units_gradients_falls_short():
-    width, depth, batch, ranks = CASES["chapter"]
-    model = WideMLP(width, depth)
-    budget, peak = fsdp_budget(model, batch, ranks, torch.float64, model.blocks, 3)
+def test_planted_budget_with_the_root_once_falls_short_where_the_root_is_largest():
+    """The small case: the root is larger than a block, and its all-gather buffer is still
+    held while blocks.0 is gathered."""
+    budget, peak = fsdp_budget("small", roots=1)
     assert budget < peak
+
+
+def test_planted_adam_budget_without_the_steps_temporaries_falls_short_at_the_step():
+    budget, peak = fsdp_budget("step heavy", "adam", step_states=0)
+    assert budget < peak
+
+
+# Frozen parameters: no gradient, no optimizer state ------------------------------------------------
+def frozen_stem():
+    """The small model with its stem's weight frozen (requires_grad=False), float64."""
+    model = WideMLP(WIDTH, DEPTH).to(torch.float64)
+    model.stem.weight.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize("optimizer", ["sgd-momentum", "adam"])
+def test_right_case_a_frozen_weight_gets_no_gradient_and_no_state(optimizer):
+    model = frozen_stem()
+    planned = plan(model, 4, 1, torch.float64, optimizer)["one process"][0]
+    assert one_real_step(model, optimizer) == planned["optimizer"]
+    assert storage_bytes([p.grad for p in model.parameters() if p.grad is not None]) == (
+        planned["gradients"]) < planned["parameters"]
+
+
+def test_right_case_a_frozen_weights_peak_is_the_trackers():
+    with default_dtype(torch.float64):
+        model = frozen_stem()
+        images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+        tracked, at = tracked_one_process(model, images, torch.zeros(4, dtype=torch.long))
+        row = peak_plan(model, 4, 2, torch.float64)["one process"][0]
+    assert (row["peak"], row["at"]) == (tracked, at)
+
+
+def test_frozen_weights_shrink_every_strategys_gradients_and_state():
+    whole, frozen = plan(WideMLP(WIDTH, DEPTH), BATCH, RANKS), plan(frozen_stem(), BATCH, RANKS)
+    for strategy, rows in whole.items():
+        for before, after in zip(rows, frozen[strategy]):
+            assert after["parameters"] == before["parameters"]
+            assert after["gradients"] < before["gradients"], strategy
+    assert sum(r["optimizer"] for r in frozen["ZeRO-1"]) < sum(
+        r["optimizer"] for r in whole["ZeRO-1"])
+
+
+# Units and ranks the calculator cannot plan ---------------------------------------------------------
+@pytest.mark.parametrize("units, problem", [
+    (lambda m: [m.blocks[0], m.blocks[0]], "twice"),
+    (lambda m: [m.blocks, m.blocks[0]], "inside"),
+    (lambda m: [WideMLP(WIDTH, 1).blocks[0]], "not a submodule"),
+    (lambda m: [m], "the model itself")])
+def test_the_calculator_refuses_units_it_cannot_shard(units, problem):
+    model = WideMLP(WIDTH, DEPTH)
+    for planner in (plan, peak_plan):
+        with pytest.raises(ValueError, match=problem) as error:
+            planner(model, BATCH, RANKS, units=units(model))
+        assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("ranks", [0, -1])
+def test_the_calculator_refuses_fewer_than_one_rank(ranks):
+    for planner in (plan, peak_plan):
+        with pytest.raises(ValueError, match="at least 1 rank") as error:
+            planner(WideMLP(WIDTH, DEPTH), BATCH, ranks)
+        assert "\n" not in str(error.value)

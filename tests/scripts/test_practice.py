@@ -3,29 +3,34 @@
 What each demonstrates is checked in the run chapter 9 makes (tests/site/test_chapter9_run.py).
 """
 import ast
+import os
+import subprocess
+import sys
 
 import torch
 
 from helpers import ROOT, run_in_process
 
 PRACTICE = ROOT / "ddp_scripts" / "practice"
-BOOTSTRAP = ("import sys\nfrom pathlib import Path\n\n"
-             "if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do\n"
-             "    sys.path[0] = str(Path(__file__).resolve().parents[2])")
 # ddp_scripts' modules and packages, which a program imports as ddp_scripts.NAME, never as NAME
-SECOND_NAMES = ({path.stem for path in (ROOT / "ddp_scripts").glob("*.py")} - {"ddp_scripts"}
+SECOND_NAMES = ({path.stem for path in (ROOT / "ddp_scripts").glob("*.py")}
                 | {path.parent.name for path in (ROOT / "ddp_scripts").glob("*/__init__.py")})
 DEMOS = ["by_hand", "buckets", "accumulation", "batchnorm", "unused_parameters", "seeding",
          "compression", "zero", "uneven_inputs"]
 
 
-def test_every_practice_program_has_the_bootstrap_and_imports_through_ddp_scripts():
+def test_a_practice_program_starts_as_a_file_from_another_folder(tmp_path):
+    """`python ddp_scripts/practice/everyday.py` finds ddp_scripts through the installed package
+    (pip install -e .), as torchrun starts it by path: no line before its imports."""
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, str(PRACTICE / "everyday.py"), "--help"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "--out" in result.stdout, result.stderr
+
+
+def test_every_practice_program_imports_through_ddp_scripts():
     programs = sorted(p for p in PRACTICE.glob("*.py") if "__main__" in p.read_text())
     assert {p.stem for p in programs} >= set(DEMOS) | {"everyday"}
-    for path in programs:
-        source = path.read_text()
-        assert BOOTSTRAP in source, f"{path.name} lacks the bootstrap of ddp_scripts/"
-        assert source.index(BOOTSTRAP) < source.index("from ddp_scripts"), path.name
     for path in PRACTICE.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

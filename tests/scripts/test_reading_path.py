@@ -1,20 +1,18 @@
 """The reading path: the plumbing a learner reads who follows every call of a training script.
 
 What is counted, by AST, without running anything: start at the script's `main` (and at
-what its `if __name__ == "__main__":` block calls, `run_cli`), and follow
-every name it uses (called or passed on, as `on_rank_0(prepare_out_dir, args)` passes one)
-to the function, class or module-level assignment of a ddp_scripts module that defines it,
-through `from ddp_scripts.X import name`, `from ddp_scripts import X` then `X.name`, and the
-definitions of the same module; then follow each of those the same way. Each definition
-reached counts its source lines once (docstring, comments and blank lines inside it
-included; a class, all of its methods). The script's own functions are followed but not
-counted: they are the lesson, printed whole by the chapters.
+what its `if __name__ == "__main__":` block calls, `run_cli`), and follow every name it uses
+(called or passed on, as `on_rank_0(prepare_out_dir, args)` passes one) to the function,
+class or module-level assignment of the package that defines it. Every import counts,
+wherever it sits: at a module's top (inside a `try` too), or inside a function, whichever
+branch it is under. Then follow each definition reached the same way. Each counts its source
+lines once (docstring, comments and blank lines inside it included; a class, all of its
+methods). The script's own functions are followed but not counted: they are the lesson,
+printed whole by the chapters.
 
 What is not followed: torch and the standard library (a learner reads their documentation,
-not their code), attributes of objects (`loader.pin_memory`: the class is counted where it
-is built), and names that a function imports inside its body, which run only when that
-function takes that branch (cifar10.py: only when CIFAR-10 is downloaded). Those are not
-hidden: `lazy` lists them and counts what they would add, and the test prints it.
+not their code), and attributes of objects (`loader.pin_memory`: the class is counted where
+it is built).
 
 Last, the scripts' entry points: run as a file from any folder, or as a module.
 """
@@ -29,137 +27,139 @@ import pytest
 from helpers import SCRIPTS
 
 TRAINING_SCRIPTS = ["train_single.py", "train_dp.py", "train_ddp.py", "train_fast.py", "train_fsdp.py"]
-# Lines of plumbing a learner follows from each script. The limits leave room (about 10% over
-# the counts of 2026-12-06, 624/629/699/907/1166) for a fix that needs a few lines; past them,
-# the plumbing has grown by design and is split or cut. The faults handled that day added 51
-# to 65 lines: cli's watch of a torchrun worker's parent (reached by every script, run only
-# under torchrun), the log read line by line (a blank log is no run), the refusal of a folder
-# where a run's file goes, the check of MASTER_ADDR and MASTER_PORT, and for train_fsdp.py the
-# shards' check.
-MOST_READ = {"train_single.py": 690, "train_dp.py": 690, "train_ddp.py": 770, "train_fast.py": 1000,
-             "train_fsdp.py": 1280}
+# The target for the lines of plumbing a learner meets from train_ddp.py, every import
+# followed: the learner who follows each call of the chapter-5 script reads at most this much
+# beside it. A target, not today's count: the test that holds it is marked xfail until the
+# plumbing meets it. The other scripts build on it and add their own lesson's plumbing
+# (train_fast.py: speed.py's levers; train_fsdp.py: sharding and the sharded checkpoint),
+# counted and printed.
+MOST_READ = 900
+# Until then, a ceiling per script, so that the plumbing does not grow while it is cut: about
+# 8% above the counts of 2026-12-07, every import followed (1,288/1,293/1,397/1,605/1,723),
+# room for a fix that needs a few lines. Past one, the plumbing grew by design: cut it.
+CEILING = {"train_single.py": 1400, "train_dp.py": 1400, "train_ddp.py": 1500, "train_fast.py": 1730,
+           "train_fsdp.py": 1860}
 
 
-def module_path(name):
-    """ddp_scripts/X.py (or X/__init__.py) for the module `ddp_scripts.X`, or None."""
-    if not name.startswith("ddp_scripts."):
+def module_path(root, name):
+    """root/X.py (or X/__init__.py) for the module `<root's name>.X`, or None."""
+    if not name.startswith(root.name + "."):
         return None
-    base = SCRIPTS.joinpath(*name.split(".")[1:])
+    base = root.joinpath(*name.split(".")[1:])
     for path in (base.with_suffix(".py"), base / "__init__.py"):
         if path.exists():
             return path
     return None
 
 
+def top_statements(body):
+    """A module's statements, those inside its top-level `if` and `try` blocks included."""
+    for node in body:
+        if isinstance(node, (ast.If, ast.Try)):
+            yield from top_statements(node.body + node.orelse + getattr(node, "finalbody", [])
+                                      + [line for handler in getattr(node, "handlers", [])
+                                         for line in handler.body])
+        else:
+            yield node
+
+
 @cache
-def module(path):
+def module(root, path):
     """(definitions, names) of a module: its top-level functions, classes and assignments by
     name; and what its top-level imports bind: a name to (module path, name in it), or a
     module name to (module path, None)."""
-    tree = ast.parse(path.read_text())
     definitions, names = {}, {}
-    for node in tree.body:
+    for node in top_statements(ast.parse(path.read_text()).body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             definitions[node.name] = node
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 for name in ast.walk(target):
                     if isinstance(name, ast.Name):
-                        definitions[name.id] = node
+                        definitions.setdefault(name.id, node)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update(imported(node))
+            names.update(imported(root, node))
     return definitions, names
 
 
-def imported(node):
+def imported(root, node):
     """What an import statement binds: name -> (module path, name or None for a module)."""
     bound = {}
     if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
         for alias in node.names:
-            submodule = module_path(f"{node.module}.{alias.name}")
+            submodule = module_path(root, f"{node.module}.{alias.name}")
             if submodule is not None:  # from ddp_scripts import sharding
                 bound[alias.asname or alias.name] = (submodule, None)
-            elif module_path(node.module) is not None:  # from ddp_scripts.ranks import reduce_sum
-                bound[alias.asname or alias.name] = (module_path(node.module), alias.name)
+            elif module_path(root, node.module) is not None:  # from ddp_scripts.ranks import reduce_sum
+                bound[alias.asname or alias.name] = (module_path(root, node.module), alias.name)
     elif isinstance(node, ast.Import):
         for alias in node.names:
-            if alias.asname and module_path(alias.name) is not None:
-                bound[alias.asname] = (module_path(alias.name), None)
+            if alias.asname and module_path(root, alias.name) is not None:
+                bound[alias.asname] = (module_path(root, alias.name), None)
     return bound
 
 
-def uses(node, path):
+def uses(root, node, path):
     """The definitions `node` (of the module at `path`) refers to, as (module path, name):
-    those its module defines or imports at its top; and, apart, those it reaches only through
-    an import inside its own body (lazy)."""
-    definitions, names = module(path)
-    eager, lazy, inside = set(), set(), {}
+    those its module defines or imports, and those it imports inside its own body."""
+    definitions, names = module(root, path)
+    found, local, inside = set(), set(), {}
     local = {child.arg for child in ast.walk(node) if isinstance(child, ast.arg)}
     for child in ast.walk(node):
         if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store) and child is not node:
             local.add(child.id)  # a variable of the same name as a definition is not it
         if isinstance(child, (ast.Import, ast.ImportFrom)):
-            inside.update(imported(child))
+            inside.update(imported(root, child))
+    bound = {**names, **inside}
     for child in ast.walk(node):
         if isinstance(child, ast.Attribute) and isinstance(child.value, ast.Name):
-            target = inside.get(child.value.id) or names.get(child.value.id)
+            target = bound.get(child.value.id)
             if target and target[1] is None:  # sharding.blocks_of
-                (lazy if child.value.id in inside else eager).add((target[0], child.attr))
-        elif isinstance(child, ast.Name) and child.id not in local:
-            if child.id in inside:
-                if inside[child.id][1] is not None:
-                    lazy.add(inside[child.id])
-            elif child.id in names:
-                if names[child.id][1] is not None:
-                    eager.add(names[child.id])
+                found.add((target[0], child.attr))
+        elif isinstance(child, ast.Name) and (child.id in inside or child.id not in local):
+            if child.id in bound:
+                if bound[child.id][1] is not None:
+                    found.add(bound[child.id])
             elif child.id in definitions:
-                eager.add((path, child.id))
-    return eager, lazy
+                found.add((path, child.id))
+    return found
 
 
-def follow(start, not_counted):
-    """The definitions reached from `start`: (module path, name) -> lines, and the lazy ones
-    (name -> the module whose function imports it)."""
-    reached, lazy, todo = {}, {}, list(start)
+def follow(root, start, not_counted):
+    """The definitions reached from `start`: (module path, name) -> lines."""
+    reached, todo = {}, list(start)
     while todo:
         path, name = todo.pop()
-        node = module(path)[0].get(name)
-        if node is None and module(path)[1].get(name, (None, None))[1] is not None:
-            todo.append(module(path)[1][name])  # imported there to be imported from there (cli.py)
+        definitions, names = module(root, path)
+        node = definitions.get(name)
+        if node is None and names.get(name, (None, None))[1] is not None:
+            todo.append(names[name])  # imported there to be imported from there (cli.py)
             continue
         if node is None or (path, name) in reached:
             continue
         first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         reached[(path, name)] = node.end_lineno - first + 1
-        eager, via_import = uses(node, path)
-        todo.extend(eager)
-        for target in via_import - set(lazy):
-            lazy[target] = path.name
+        todo.extend(uses(root, node, path))
     for key in not_counted:
         reached.pop(key, None)
-    return reached, lazy
+    return reached
 
 
 def reading_path(script):
-    """(lines of plumbing reached from the script's main, by module; lines the lazy imports
-    would add, by module)."""
-    path = SCRIPTS / script
-    definitions, _ = module(path)
-    assert "main" in definitions, f"{script} has no main()"
-    local = {(path, name) for name in definitions}
-    start = {(path, "main")}
-    for node in ast.parse(path.read_text()).body:  # `if __name__ == "__main__": run_cli(main)`
+    """The lines of plumbing reached from the script at `script` (a path inside its
+    package's folder), by module."""
+    root = script.parent
+    definitions, _ = module(root, script)
+    assert "main" in definitions, f"{script.name} has no main()"
+    start = {(script, "main")}
+    for node in ast.parse(script.read_text()).body:  # `if __name__ == "__main__": run_cli(main)`
         if isinstance(node, ast.If):
-            start |= uses(node, path)[0]
-    reached, lazy = follow(list(start), local)
+            start |= uses(root, node, script)
+    reached = follow(root, start, {(script, name) for name in definitions})
     by_module = {}
     for (where, _), lines in reached.items():
         by_module[where.stem] = by_module.get(where.stem, 0) + lines
-    behind, _ = follow(list(lazy), set(reached) | local)
-    lazy_by_module = {}
-    for (where, _), lines in behind.items():
-        lazy_by_module[where.stem] = lazy_by_module.get(where.stem, 0) + lines
-    return by_module, lazy_by_module
+    return by_module
 
 
 def without_pythonpath():
@@ -170,15 +170,38 @@ def listed(by_module):
     return ", ".join(f"{name} {lines}" for name, lines in sorted(by_module.items(), key=lambda x: -x[1]))
 
 
+def test_the_counter_follows_every_import_wherever_it_sits(tmp_path):
+    """A made-up package: main calls helpers.work, which imports rare.branch inside its body
+    (and helpers imports fallback.spare inside a try at its top). Every one is reached, and
+    only what is used: rare.unused is not."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "script.py").write_text(
+        "from pkg.helpers import work\n\n\ndef main():\n    work()\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    (package / "helpers.py").write_text(
+        "try:\n    from pkg.fallback import spare\nexcept ImportError:\n    spare = None\n\n\n"
+        "def work():\n    from pkg.rare import branch\n    return branch() + spare()\n")
+    (package / "rare.py").write_text("def branch():\n    x = 1\n    return x\n\n\ndef unused():\n    return 0\n")
+    (package / "fallback.py").write_text("def spare():\n    return 2\n")
+    assert reading_path(package / "script.py") == {"helpers": 3, "rare": 3, "fallback": 2}
+
+
 @pytest.mark.parametrize("script", TRAINING_SCRIPTS)
-def test_the_reading_path_is_short(script):
-    by_module, lazy = reading_path(script)
+def test_the_reading_path_is_counted_whole(script):
+    by_module = reading_path(SCRIPTS / script)
     total = sum(by_module.values())
-    print(f"{script}: {total} lines of plumbing reached ({listed(by_module)}); "
-          f"behind imports inside functions: {sum(lazy.values())} ({listed(lazy)})")
-    assert {"cli", "options", "data", "models"} <= set(by_module), by_module  # the counter follows
-    assert "cifar10" in lazy, lazy  # and sees the download, imported inside load_datasets
-    assert total <= MOST_READ[script], f"{script} reaches {total} lines: {by_module}"
+    print(f"{script}: {total} lines of plumbing reached ({listed(by_module)})")
+    assert {"cli", "options", "data", "models", "cifar10", "mishaps"} <= set(by_module), by_module
+    assert total <= CEILING[script], f"{script} reaches {total} lines, over {CEILING[script]}"
+
+
+@pytest.mark.xfail(strict=True, reason="a target the plumbing does not meet yet: it fails "
+                   "until the cut is made, and then this mark goes")
+def test_train_ddp_reaches_at_most_the_target():
+    by_module = reading_path(SCRIPTS / "train_ddp.py")
+    assert sum(by_module.values()) <= MOST_READ, f"train_ddp.py reaches {listed(by_module)}"
 
 
 @pytest.mark.parametrize("script", ["train_single.py", "train_ddp.py"])

@@ -823,7 +823,6 @@ def test_the_launcher_names_the_rank_that_stopped_not_the_peer_that_lost_it(tmp_
     after writing its error file, so its file comes first and is the one named."""
     script = tmp_path / "alone.py"
     script.write_text(f"""import os, sys
-sys.path.insert(0, {str(ROOT)!r})
 import torch, torch.distributed as dist
 from ddp_scripts.cli import UsageError, run_cli
 
@@ -847,7 +846,6 @@ def test_the_launcher_names_a_rank_killed_under_torchrun(tmp_path):
     ends rank 0: the launcher finds rank 1 without an error file."""
     script = tmp_path / "killed.py"
     script.write_text(f"""import os, pathlib, signal, sys, time
-sys.path.insert(0, {str(ROOT)!r})
 from ddp_scripts.runfiles import write_error_file
 told = pathlib.Path({str(tmp_path / "told")!r})
 if os.environ["RANK"] == "0":

@@ -177,7 +177,7 @@ def test_execution_times_page_lists_every_chapter(site):
                         r"</p></td>\s*<td[^>]*><p>([\d.]+)</p></td>\s*<td[^>]*><p>(\w+)</p>", text)
         assert row, f"execution-times: no row for {path.name}"
         assert row.group(2) == "passed"
-    assert " cores" in text  # the build machine, as ddp_scripts/measure/hardware.py labels it
+    assert " cores" in text  # the build machine, as ddp_scripts/hardware.py labels it
 
 
 def test_how_the_build_executed_a_chapter_is_said_on_the_execution_times_page_only(site):

@@ -1,6 +1,6 @@
 """One training step under DDP, ZeRO-1 and FSDP: the bytes each rank holds, measured.
 
-    torchrun --standalone --nproc_per_node 4 ddp_scripts/recorders/memory_run.py --out runs/ch11-memory
+    torchrun --standalone --nproc_per_node 4 ddp_scripts/fit/memory_run.py --out runs/ch11-memory
 
 Chapter 11 starts it, to set memory_plan.py's predictions beside what the ranks hold. The wide
 MLP takes one SGD step with momentum, one process alone (rank 0, the whole global batch),
@@ -49,11 +49,7 @@ pieces, one entry per rank); with --fake-ranks, OUT/peaks.jsonl only.
 import contextlib
 import json
 import os
-import sys
 from pathlib import Path
-
-if not __package__:  # run as a file, not imported: find ddp_scripts as notebooks do
-    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 import torch
 import torch.distributed as dist
@@ -71,7 +67,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_scripts.cli import UsageError, run_cli
 from ddp_scripts.options import ArgumentParser, count
 from ddp_scripts.ranks import init_process_group, leave_process_group
-from ddp_scripts.recorders.memory_plan import PEAK_STRATEGIES
+from ddp_scripts.fit.memory_plan import PEAK_STRATEGIES
 from ddp_scripts.sharding import WideMLP
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}

@@ -1,6 +1,6 @@
 """Memory per rank, predicted: what each rank holds after a step, and its peak during one.
 
-    from ddp_scripts.recorders.memory_plan import peak_plan, plan
+    from ddp_scripts.fit.memory_plan import peak_plan, plan
     held = plan(WideMLP(256, 4), batch=32, ranks=4, dtype=torch.float64, units=model.blocks)
     peak = peak_plan(WideMLP(256, 4), 32, 4, torch.float64, units=model.blocks)
 
@@ -32,7 +32,9 @@ sample's shape, or `make_input` a batch of another kind (token ids for nn.Embedd
 step). The optimizer is SGD with momentum or Adam (STATES_PER_PARAMETER). Every rank also
 holds the model's buffers whole (BatchNorm's running statistics).
 
-The model's parameters give the shapes; its dtype is replaced by `dtype`. plan() leaves out
+The model's parameters give the shapes; its dtype is replaced by `dtype`. A frozen parameter
+(requires_grad=False) is held and gathered like any other, with no gradient and no optimizer
+state. plan() leaves out
 the communication buffers: DDP's buckets (another G, unless gradient_as_bucket_view=True),
 which the Reducer allocates once and keeps from step to step, and FSDP's, which live only
 during the step. peak_plan() walks the step's points with them and names the point of the
@@ -54,14 +56,18 @@ PARTS = ("parameters", "gradients", "optimizer", "activations", "gathered")
 # two moments, exp_avg and exp_avg_sq.
 STATES_PER_PARAMETER = {"sgd-momentum": 1, "adam": 2}
 # State-sized temporaries the step makes, all alive at once. SGD with momentum updates the
-# momentum and the weights in place (optim/sgd.py:364, 378; foreach 445-446, 472): none. Adam
-# in its foreach form, PyTorch's default on CUDA (optim/optimizer.py:170-191) and planned here,
-# takes the square root of every exp_avg_sq at once into new tensors (optim/adam.py:762,
-# torch._foreach_sqrt) and updates the rest in place: one state's size. (Its for-loop form,
-# the default on a CPU, makes two temporaries of one parameter at a time instead.)
+# momentum and the weights in place (optim/sgd.py, _single_tensor_sgd: buf.mul_(...).add_
+# and param.add_; _multi_tensor_sgd: torch._foreach_mul_ and torch._foreach_add_): none. Adam
+# in its foreach form, PyTorch's default on CUDA (optim/optimizer.py,
+# _default_to_fused_or_foreach) and planned here, takes the square root of every exp_avg_sq
+# at once into new tensors (optim/adam.py, _multi_tensor_adam, the branch not capturable:
+# exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)) and updates the rest in place:
+# one state's size. (Its for-loop form, the default on a CPU, makes two temporaries of one
+# parameter at a time instead.)
 STEP_TEMPORARIES = {"sgd-momentum": 0, "adam": 1}
 # Optimizers that keep a step count per parameter: a number of its own, on the CPU unless
-# Adam is capturable or fused (optim/adam.py:179-187), in torch's scalar dtype.
+# Adam is capturable or fused (optim/adam.py, Adam._init_group, the lazy state
+# initialization: state["step"]), in torch's scalar dtype.
 COUNTS_STEPS = {"adam"}
 
 
@@ -148,35 +154,64 @@ def plan(model, batch, ranks, dtype=torch.float32, optimizer="sgd-momentum", uni
     modules that fully_shard makes units of their own (the rest belongs to the root).
     optimizer: a key of STATES_PER_PARAMETER. sample_shape: one input sample's shape;
     make_input: a batch of another kind (see make_batch)."""
-    if ranks < 1 or batch % ranks:
-        raise ValueError(f"a global batch of {batch} does not split evenly over {ranks} rank(s)")
+    check_setup(model, batch, ranks, units)
     if optimizer not in STATES_PER_PARAMETER:
         raise ValueError(f"the calculator plans {', '.join(STATES_PER_PARAMETER)} only, "
                          f"not {optimizer!r}")
     k = STATES_PER_PARAMETER[optimizer]
     params = list(model.parameters())
     numels = [p.numel() for p in params]
+    # Only a parameter that requires grad gets a gradient (autograd makes none for a frozen
+    # one) and so optimizer state (torch's optimizers skip a parameter whose .grad is None).
+    trained = [p.requires_grad for p in params]
     whole = nbytes(sum(numels), dtype)
+    learned = nbytes(sum(n for n, t in zip(numels, trained) if t), dtype)
     one = activation_bytes(model, batch, dtype, sample_shape, make_input=make_input)
     per_rank = activation_bytes(model, batch // ranks, dtype, sample_shape, make_input=make_input)
-    replicated = dict(parameters=whole, gradients=whole, optimizer=k * whole, gathered=0)
+    replicated = dict(parameters=whole, gradients=learned, optimizer=k * learned, gathered=0)
     result = {"one process": [dict(replicated, activations=one)],
               "DDP": [dict(replicated, activations=per_rank) for _ in range(ranks)]}
-    owners = zero1_owners(numels, ranks)
+    owners = zero1_owners(numels, ranks)  # every parameter given to the optimizer is placed
     result["ZeRO-1"] = [dict(replicated, activations=per_rank, optimizer=k * nbytes(
-        sum(n for n, owner in zip(numels, owners) if owner == rank), dtype)) for rank in range(ranks)]
+        sum(n for n, owner, t in zip(numels, owners, trained) if owner == rank and t), dtype))
+        for rank in range(ranks)]
     result["FSDP"] = []
     for rank in range(ranks):
-        allocated = real = 0
+        allocated = real = grads = state = 0
         for p in params:
             row = p[0].numel() if p.dim() else 1
             size, rows = chunk_rows(p.shape[0] if p.dim() else 1, ranks, rank)
             allocated, real = allocated + size * row, real + rows * row
+            if p.requires_grad:
+                grads, state = grads + size * row, state + rows * row
         result["FSDP"].append(dict(parameters=nbytes(allocated, dtype),
-                                   gradients=nbytes(allocated, dtype),
-                                   optimizer=k * nbytes(real, dtype), activations=per_rank,
+                                   gradients=nbytes(grads, dtype),
+                                   optimizer=k * nbytes(state, dtype), activations=per_rank,
                                    gathered=gathered_bytes(model, units, dtype)))
     return result
+
+
+def check_setup(model, batch, ranks, units):
+    """A ValueError of one line unless the ranks are 1 or more, the batch splits evenly over
+    them, and the units are distinct submodules of the model, none inside another."""
+    if ranks < 1:
+        raise ValueError(f"the calculator plans at least 1 rank, not {ranks}")
+    if batch % ranks:
+        raise ValueError(f"a global batch of {batch} does not split evenly over {ranks} rank(s)")
+    names = {id(module): name for name, module in model.named_modules()}
+    units = list(units)
+    for index, unit in enumerate(units):
+        if unit is model:
+            raise ValueError("a unit cannot be the model itself: the root is what no unit holds")
+        if id(unit) not in names:
+            raise ValueError(f"unit {index} ({type(unit).__name__}) is not a submodule of the "
+                             "model")
+        if any(unit is other for other in units[:index]):
+            raise ValueError(f"unit {names[id(unit)]} is given twice")
+        for other in units:
+            if other is not unit and any(unit is inner for inner in other.modules()):
+                raise ValueError(f"unit {names[id(unit)]} is inside unit {names[id(other)]}: "
+                                 "units cannot nest")
 
 
 def gathered_bytes(model, units, dtype):
@@ -227,7 +262,8 @@ def op_trace(model, batch, dtype, sample_shape=(3, 32, 32), units=(), make_input
     Returns the ops in forward order and the batch's bytes. Each op is a dict:
     - "name": the module that runs it, as the model names it ("" for the model's own code and
       the loss); "unit": the index of the unit holding it (None: the root);
-    - "weights": the bytes of the parameters it uses (their gradients are made in its backward);
+    - "weights": the bytes of the parameters it uses that require grad (their gradients are
+      made in its backward; a frozen one gets none);
     - "saved": the bytes autograd saves first at this op;
     - "before", "forward": the bytes of activations alive just before it starts, and while it
       runs (what autograd saved, and what a later op still needs);
@@ -255,7 +291,7 @@ def op_trace(model, batch, dtype, sample_shape=(3, 32, 32), units=(), make_input
         module.register_forward_pre_hook(lambda m, inputs: running.append(m))
         module.register_forward_hook(leave)
     images, labels = make_batch(batch, dtype, sample_shape, make_input)
-    weights = {p.untyped_storage()._cdata for p in meta.parameters()}
+    weights = {p.untyped_storage()._cdata for p in meta.parameters() if p.requires_grad}
     left_out = held_by_the_model(meta) | {images.untyped_storage()._cdata,
                                           labels.untyped_storage()._cdata}
     ops, packed, keep = [], [], []
@@ -434,8 +470,7 @@ def peak_plan(model, batch, ranks, dtype=torch.float32, optimizer="sgd-momentum"
     Every rank holds the model's buffers whole, and Adam's step counts (COUNTS_STEPS: a
     CPU's memory, as the tracker counts it on a CPU; a GPU's only when capturable or fused)."""
     rules = dict(RULES, **(rules or {}))
-    if ranks < 1 or batch % ranks:
-        raise ValueError(f"a global batch of {batch} does not split evenly over {ranks} rank(s)")
+    check_setup(model, batch, ranks, units)
     steady = plan(model, batch, ranks, dtype, optimizer, units, sample_shape, make_input)
     unit_names = _unit_names(model, units)
     numels = [p.numel() for p in model.parameters()]
@@ -465,7 +500,8 @@ def peak_plan(model, batch, ranks, dtype=torch.float32, optimizer="sgd-momentum"
             rows.append({"peak": sum(parts.values()), "at": at, "parts": parts,
                          "points": highest})
             if strategy == "FSDP":  # what a gloo run may hold beside (see EXACT)
-                rows[-1]["gloo clone"] = max(padded_bytes(params, ranks, dtype)
+                rows[-1]["gloo clone"] = max(padded_bytes([p for p in params if p.requires_grad],
+                                                          ranks, dtype)
                                              for params in _unit_parameters(model, units))
         result[strategy] = rows
     return result
@@ -513,7 +549,11 @@ def fsdp_points(model, ops, units, unit_names, ranks, dtype, held, inputs, rules
                             for params in _unit_parameters(model, units)]
     gather = rules["all-gather buffers"] and ranks > 1
     scatter = rules["reduce-scatter buffer"]
-    sharded_grad = [padded[i] // ranks for i in range(len(units))]
+    # the gradients, and so the reduce-scatter buffers, of the parameters that require grad
+    *scattered, root_scattered = [padded_bytes([p for p in params if p.requires_grad], ranks,
+                                               dtype)
+                                  for params in _unit_parameters(model, units)]
+    sharded_grad = [scattered[i] // ranks for i in range(len(units))]
     base = dict(_held_all_step(held, inputs), **{"root whole": root_padded})
     points = []
     for index, name in enumerate(unit_names):
@@ -545,12 +585,12 @@ def fsdp_points(model, ops, units, unit_names, ranks, dtype, held, inputs, rules
         unit = ops[index]["unit"]
         if unit is None:  # the root's ops: the head first, the stem after every block
             after_blocks = units and scatter and index < _first(ops, 0)
-            return {"reduce-scatter input": padded[0]} if after_blocks else {}
+            return {"reduce-scatter input": scattered[0]} if after_blocks else {}
         parts = {"block whole": padded[unit]}
         if gather and unit > 0:
             parts["prefetched all-gather output"] = padded[unit - 1]
         if scatter and unit + 1 < len(units):
-            parts["reduce-scatter input"] = padded[unit + 1]
+            parts["reduce-scatter input"] = scattered[unit + 1]
         return parts
 
     points += backward_points(ops, base, grads_of, extra)
@@ -568,12 +608,12 @@ def fsdp_points(model, ops, units, unit_names, ranks, dtype, held, inputs, rules
             "activations": saved, "activation gradients": flowing})
         if gather and index > 0:
             parts["prefetched all-gather output"] = padded[index - 1]
-        points += _reduce_scatter(f"reduce-scatter of {name}", parts, scatter, padded[index],
+        points += _reduce_scatter(f"reduce-scatter of {name}", parts, scatter, scattered[index],
                                   ranks, sum(op["weights"] for op in ops if op["unit"] == index),
                                   "block's gradients")
     parts = {key: value for key, value in base.items() if key != "root whole"}
     parts["sharded gradients"] = sum(sharded_grad)
-    points += _reduce_scatter("reduce-scatter of the root", parts, scatter, root_padded, ranks,
+    points += _reduce_scatter("reduce-scatter of the root", parts, scatter, root_scattered, ranks,
                               sum(op["weights"] for op in ops if op["unit"] is None),
                               "root's gradients")
     points.append(_step_point(parts, held, held["gradients"], "sharded gradients"))
