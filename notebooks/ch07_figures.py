@@ -124,9 +124,10 @@ def verdict(runs, case):
                          + (" (unreliable)." if shaky else "."))
     part, by, one_name, many_name = grew(runs, case)
     if round(by, 2) > 0:  # as printed: a growth under 0.01 us is none
+        cause = why(runs, case, part)
         lines.append(f"  From {one_name} to {many_name}, the part that grew most: "
-                     f"{part_label(runs, case, part)} (+{by:.2f} us per sample): "
-                     f"{why(runs, case, part)}.")
+                     f"{part_label(runs, case, part)} (+{by:.2f} us per sample)"
+                     + (f": {cause}." if cause else "."))
     else:
         lines.append(f"  From {one_name} to {many_name}, no part grew by 0.01 us per sample.")
     return lines
@@ -136,7 +137,7 @@ def verdict(runs, case):
 # share of a core is named as the cause of a part's growth only where forward's CPU share fell
 # beyond either run's range over its groups of steps, and the 1/s it makes is at least this
 # much of the part's growth, on the scale where the two multiply (log(before / now) over
-# log(part's growth)): the CPU time held, and the share explains most of the rest.
+# log(part's growth)): the share explains at least half of the growth.
 CORE_SHARE_EXPLAINS = 0.5
 UNTIMED_LABEL = "backward compute (includes the all-reduce, untimed under NCCL)"
 
@@ -158,40 +159,55 @@ def part_label(runs, case, part):
 
 
 def why(runs, case, part):
-    """WHY[part]; for a part that computes, a cause only where the clocks show one. On GPUs
-    the GPU computes, so the CPU's clocks name none (the profiler of chapter 10 can); where
-    the all-reduce sat untimed inside backward compute, none either. On the CPU: forward's
-    CPU time over its wall time (forward waits for no other rank), in one process and in N.
-    A share within the range either run took over its groups of steps held: the part's CPU
-    time grew. A fall beyond both ranges is named as the cause where it explains at least
-    CORE_SHARE_EXPLAINS of the part's growth; a smaller one is too small to tell."""
+    """WHY[part]; for a part that computes, a cause only where the clocks show one; None for a
+    part that did not grow. On GPUs the GPU computes, so the CPU's clocks name none (the
+    profiler of chapter 10 can); where the all-reduce sat untimed inside backward compute,
+    none either. On the CPU: forward's CPU time over its wall time (forward waits for no
+    other rank), in one process and in N. A fall beyond the range either run took over its
+    groups of steps is named as the cause where it explains at least CORE_SHARE_EXPLAINS
+    (half) of the part's growth. Otherwise the part's CPU time grew where it grew even at the
+    ends of both ranges (the part's growth times the N-process run's lowest share over the
+    one-process run's highest, above 1); any other change is too small to tell."""
+    one_run, many_run = compared(runs, case)
+    one, many = one_run["cases"][case], many_run["cases"][case]
+    if many["parts"][part] <= one["parts"][part]:
+        return None
+    took = many["parts"][part] / one["parts"][part] if one["parts"][part] > 0 else math.inf
     if part not in ("forward", "backward compute", "optimizer"):
         return WHY[part]
-    one_run, many_run = compared(runs, case)
     if many_run["device"].startswith("cuda"):
         return ("on GPUs the GPU computes it, so the CPU's clocks cannot say why; "
                 "torch.profiler shows each kernel of the step (chapter 10)")
-    if part == "backward compute" and not all_reduce_timed(many_run["cases"][case]):
+    if part == "backward compute" and not all_reduce_timed(many):
         return ("the all-reduce was not timed apart from backward, so the clocks cannot say "
                 "which of the two grew")
-    one, many = one_run["cases"][case], many_run["cases"][case]
     before, now = one["cpu share"]["forward"], many["cpu share"]["forward"]
     (low, high), (low_n, high_n) = (found["cpu share range"]["forward"] for found in (one, many))
+    missing = [label(run, case) for run, share, top in ((one_run, before, high),
+                                                        (many_run, now, high_n))
+               if not (share > 0 and top > 0)]
+    if missing:  # a thread that ran got some share of a core: 0 is no measurement
+        return (f"forward's CPU time over its wall time was not measured in "
+                f"{' and '.join(missing)}, so the clocks cannot say why")
     said = f"forward's CPU time over its wall time: {before:.2f} -> {now:.2f}"
     ranges = (f"over the groups of steps of each run {low:.2f}-{high:.2f} and "
               f"{low_n:.2f}-{high_n:.2f}")
+    cpu_time = f"its CPU time took {took * now / before:.2f}x, {took * low_n / high:.2f}x at least"
     if not (high_n < low and now < before):
-        return (f"not that the step's thread got less of a core ({said}; {ranges}): "
-                "its CPU time grew")
+        if took * low_n / high > 1:
+            return (f"not that the step's thread got less of a core ({said}; {ranges}): "
+                    f"its CPU time grew ({cpu_time}; the part took {took:.2f}x)")
+        return (f"too small to tell: within the runs' ranges the step's thread may have got "
+                f"less of a core, and the part's CPU time may have fallen or grown ({said}; "
+                f"{ranges}; the part took {took:.2f}x, {cpu_time})")
     slower = before / now  # how much longer the same CPU time takes with the smaller share
-    took = many["parts"][part] / one["parts"][part] if one["parts"][part] > 0 else math.inf
-    explains = math.log(slower) / math.log(took) if took > 1 else 1.0
+    explains = math.log(slower) / math.log(took)
     found = (f"{said}, so the same CPU time takes {slower:.2f}x as long; the part took "
              f"{took:.2f}x")
     if explains >= CORE_SHARE_EXPLAINS:
         return f"{WHY[part]} ({found})"
-    return (f"too small to tell: the step's thread got less of a core, but too little to "
-            f"explain most of the growth ({found}; {ranges})")
+    return (f"too small to tell: the step's thread got less of a core, but that explains less "
+            f"than half of the growth ({found}; {ranges})")
 
 
 def communication_lines(runs, case):

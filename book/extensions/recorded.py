@@ -165,12 +165,16 @@ def grading_premises(root):
     problems = []
     if cpu.get("reliable", True) or ddp.get("reliable", True):
         problems.append("Explanation 0: the file marks both rows unreliable")
-    if cpu["threads_per_process"] < results["hardware"]["cpu"]["usable_cores"]:
+    if results["hardware"]["cpu"]["usable_cores"] != 2:
+        problems.append("Explanation 0: on two cores, both used by the one process")
+    elif cpu["threads_per_process"] < 2:
         problems.append("Explanation 0: the one process had both cores too")
     if cpu["test_accuracy"] != ddp["test_accuracy"]:
         problems.append("both reached the same test accuracy")
     losses = train_losses(root)
-    if not losses.get("cpu") or any(epochs != losses["cpu"][0] for epochs in losses["cpu"] + losses.get("ddp", [])):
+    if {"cpu", "ddp"} - set(losses) or not all(rounds and all(rounds) for rounds in losses.values()):
+        problems.append("the feedback: the log gives each configuration's train loss, cpu's and ddp's")
+    elif any(epochs != losses["cpu"][0] for epochs in losses["cpu"] + losses["ddp"]):
         problems.append("the feedback: the same train loss, epoch by epoch")
     if max(cpu["test_accuracy"], ddp["test_accuracy"]) >= CHANCE_BOUND:
         problems.append("the feedback: test accuracy at chance level")

@@ -17,6 +17,7 @@ skipped, and nothing is recorded (the folder is _build/gpu-check/results).
 """
 import argparse
 import datetime as dt
+import errno
 import math
 import os
 import re
@@ -224,18 +225,58 @@ def pack(folder, target):
     os.replace(partial, target)
 
 
+def packed_by_gpu_check(path):
+    """Whether `path` is an archive pack() wrote: a gzip tar whose members all lie in one
+    results/gpu-runs/<name>/ folder."""
+    try:
+        with open(path, "rb") as file:
+            if file.read(2) != b"\x1f\x8b":
+                return False
+        with tarfile.open(path, "r:gz") as archive:
+            names = archive.getnames()
+    except (OSError, tarfile.TarError, EOFError):
+        return False
+    folders = {re.match(r"results/gpu-runs/([^/]+)(/|$)", name) for name in names}
+    return bool(names) and None not in folders and len({match[1] for match in folders}) == 1
+
+
 def check_pack_target(target):
-    """A ToolError unless `target` can be written as pack() writes it: not a folder, and its
-    folder (made if missing) takes a new file. Checked before any step runs."""
+    """A ToolError unless `target` can be written as pack() writes it: a path, not a folder, no
+    file but an archive gpu-check wrote, and the nearest folder that exists takes a new file.
+    Checked before any step runs; nothing is made."""
+    if not str(target).strip():
+        raise ToolError("--pack '': no file named; give the .tar.gz file's path")
     target = Path(target)
     if target.is_dir():
         raise ToolError(f"--pack {target}: a folder; give the .tar.gz file's path")
+    if os.path.lexists(target) and not packed_by_gpu_check(target):
+        raise ToolError(f"--pack {target}: a file gpu-check did not write; give a new .tar.gz file's path")
+    parent = target.absolute().parent
+    while not os.path.lexists(parent):
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ToolError(f"--pack {target}: {parent} is a file, not a folder")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}."):
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{target.name}."):
             pass
-    except OSError as error:
-        raise ToolError(f"--pack {target}: its folder cannot be written ({error.strerror or error})") from None
+    except OSError as error:   # /proc answers "No such file or directory" though it exists
+        reason = ("it exists and refuses them" if error.errno == errno.ENOENT and parent.is_dir()
+                  else error.strerror or error)
+        raise ToolError(f"--pack {target}: {parent} takes no new file ({reason})") from None
+
+
+def budget_seconds(text):
+    """The --budget-s given, as seconds; a ToolError that repeats the text typed unless it is a
+    finite number above 0."""
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ToolError(f"--budget-s {text}: a budget is a finite number of seconds above 0")
+    return seconds
 
 
 def run_line(python, commit, budget_s=540):
@@ -303,7 +344,7 @@ def print_plan(rows, budget_s, counted=None):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("steps", nargs="*", metavar="STEP", help=f"{', '.join(STEPS)} or a notebook (default: all)")
-    parser.add_argument("--budget-s", type=float, metavar="S",
+    parser.add_argument("--budget-s", metavar="S",
                         help="start no step that would not end within S seconds of the start; end one that runs over")
     parser.add_argument("--plan", action="store_true",
                         help="print the order and each step's expected seconds, run nothing")
@@ -316,14 +357,13 @@ def main(argv=None):
     if args.bundle:
         return bundle()
     started = time.monotonic()
-    if args.budget_s is not None and not (math.isfinite(args.budget_s) and args.budget_s > 0):
-        raise ToolError(f"--budget-s {args.budget_s:g}: a budget is a finite number of seconds above 0")
+    args.budget_s = budget_seconds(args.budget_s)
     counted = rec.box_counts_by_notebook(sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")))
     if args.plan:
         keys = [key for key, _ in commands(args.steps, "SLUG", counted)]
         print_plan(plan(keys, expected_seconds(keys), args.budget_s), args.budget_s, counted)
         return 0
-    if args.pack:
+    if args.pack is not None:
         check_pack_target(args.pack)
     machine = this_machine()
     record = bool(machine["gpus"]) and not args.dry_run

@@ -41,8 +41,20 @@ if installed is None:  # not installed in this Python yet
     # only as it starts; site.addsitedir reads it now, so the kernel needs no restart.
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)]
     # built with the setuptools already here (no download) where it can, else as pip does
-    if subprocess.run([*pip, "--no-build-isolation"], capture_output=True).returncode != 0:
-        subprocess.run(pip, check=True)
+    why = []  # the last line of each failed try's error
+    for command in ([*pip, "--no-build-isolation"], pip):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode == 0:
+            break
+        why.append((done.stderr.strip().splitlines() or ["no message"])[-1])
+    else:  # no pip, a read-only site-packages, offline without setuptools, ...
+        why = "; ".join(dict.fromkeys(why))
+        raise SystemExit(
+            f"Could not install the book's code with pip ({why}). Run pip install -e {ROOT} "
+            f"by hand (or in a venv of your own, and start Jupyter from it); then run this "
+            f"cell again.\n"
+            f"无法用 pip 安装本书代码（{why}）。请手动运行 pip install -e {ROOT}"
+            f"（或在自己的虚拟环境中运行，并从中启动 Jupyter），然后重新运行本单元格。")
     for folder in filter(os.path.isdir, {sysconfig.get_path("purelib"), site.getusersitepackages()}):
         site.addsitedir(folder)
 elif (used := pathlib.Path(installed.origin).parents[1].resolve()) != ROOT:

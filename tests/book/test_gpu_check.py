@@ -184,6 +184,70 @@ def test_planted_a_pack_target_that_cannot_be_written_stops_before_any_step(tmp_
         assert "tests:" not in result.stdout
 
 
+def refused(*args):
+    """The call's one error line, after checking it ran nothing."""
+    result = run_gpu_check("--dry-run", *args, "tests")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "plan:" not in result.stdout and "tests:" not in result.stdout
+    return result.stderr.strip()
+
+
+def test_planted_a_pack_target_that_is_a_file_gpu_check_did_not_write_is_kept(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# a page\n")
+    other = tmp_path / "other.tgz"   # a gzip tar, but not of one gpu-runs folder
+    with tarfile.open(other, "w:gz") as archive:
+        archive.add(readme, arcname="README.md")
+    for target in (readme, other, Path("/proc/version")):
+        before = target.read_bytes()
+        line = refused("--pack", str(target))
+        assert str(target) in line and "gpu-check" in line, line
+        assert target.read_bytes() == before
+
+
+def test_right_case_the_archive_gpu_check_wrote_is_packed_again(tmp_path):
+    packed = tmp_path / "gpu-check.tgz"
+    for _ in range(2):   # a later call the same day packs over the same run's archive
+        result = run_gpu_check("--dry-run", "--pack", str(packed), "tests")
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    folder = tmp_path / "2026-12-24-1x-h100"
+    folder.mkdir()
+    (folder / "steps.json").write_text("[]")
+    gpu_check.pack(folder, packed)   # another day's folder, packed by a real run
+    gpu_check.check_pack_target(packed)
+
+
+def test_planted_an_empty_pack_target_is_refused():
+    assert "--pack" in refused("--pack", "")
+    assert "--pack" in refused("--pack=")
+
+
+def test_planted_a_pack_folder_that_cannot_take_a_file_names_the_real_one(tmp_path):
+    line = refused("--pack", "/proc/nope.tgz")
+    assert "/proc takes no new file" in line and "No such file or directory" not in line, line
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    line = refused("--pack", str(plain / "sub" / "gpu-check.tgz"))
+    assert f"{plain} is a file" in line, line
+
+
+def test_planted_a_refused_dry_run_makes_no_folder_for_the_pack(tmp_path):
+    target = tmp_path / "new" / "deeper" / "gpu-check.tgz"
+    result = run_gpu_check("--dry-run", "--pack", str(target), "no-such-step")
+    assert result.returncode == 2 and not (tmp_path / "new").exists(), result.stderr
+    gpu_check.check_pack_target(target)
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("budget", ["1e309", "-1e309", "NaN", "0x10", "ten"])
+def test_planted_a_refused_budget_is_echoed_as_typed(budget):
+    for mode in ("--plan", "--dry-run"):
+        result = run_gpu_check(mode, f"--budget-s={budget}", "tests")
+        assert result.returncode == 2 and f"--budget-s {budget}:" in result.stderr, result.stdout + result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def planned(budget_s):
     """The plan of PLANTED_COUNTS' chapters, chapter 11 timed at 458 s (a CPU build's time), then the tests."""
     keys = [f"notebook:{name}" for name in gpu_check.plan_order(sorted(PLANTED_COUNTS), PLANTED_COUNTS)]

@@ -176,6 +176,33 @@ def test_planted_one_thread_in_the_one_process_breaks_both_cores_too(tmp_path):
     assert planted_grading(tmp_path, one_thread) == ["Explanation 0: the one process had both cores too"]
 
 
+def test_planted_four_cores_break_on_two_cores(tmp_path):
+    def four_cores(data):
+        data["hardware"]["cpu"]["usable_cores"] = 4
+        recorded.run_of(data, "cpu")["threads_per_process"] = 4
+    assert planted_grading(tmp_path, four_cores) == ["Explanation 0: on two cores, both used by the one process"]
+
+
+LOSSES = "the feedback: the log gives each configuration's train loss, cpu's and ddp's"
+
+
+def test_planted_a_log_without_train_losses_breaks_the_loss_facts(tmp_path):
+    assert planted_grading(tmp_path, log=lambda text: text.replace("train_loss=", "loss=")) == [LOSSES]
+
+
+def test_planted_a_log_without_ddp_rounds_is_one_premise_not_a_key_error(tmp_path):
+    def no_ddp(text):
+        return re.sub(r"(\[benchmark\] round \d+/\d+, )ddp:", r"\1cpu:", text)
+    assert planted_grading(tmp_path, log=no_ddp) == [LOSSES]
+
+
+def test_planted_one_round_without_train_losses_breaks_the_loss_facts(tmp_path):
+    def one_round_empty(text):   # the log's last round prints no epoch
+        at = text.rindex("[benchmark] round")
+        return text[:at] + text[at:].replace("train_loss=", "loss=")
+    assert planted_grading(tmp_path, log=one_round_empty) == [LOSSES]
+
+
 def test_right_case_the_reference_outputs_words_hold_for_the_files_committed():
     assert recorded.reference_premises(ROOT) == []
 

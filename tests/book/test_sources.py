@@ -315,6 +315,27 @@ def test_setup_cell_installs_the_scripts_where_python_lacks_them_and_imports_the
     assert "notice" not in result.stdout   # it uses the copy at ROOT
 
 
+def test_setup_cell_where_pip_fails_says_in_one_line_what_to_run_by_hand(tmp_path):
+    """A Python with no pip (the same path as a read-only site-packages, or offline without
+    setuptools): one line in each language, with pip's own error and the command to run by
+    hand, and no traceback."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=300)
+    repository = tmp_path / "content" / "pytorch-gpu-book-main"
+    (repository / "ddp_scripts").mkdir(parents=True)
+    (repository / "ddp_scripts" / "train_single.py").write_text("")
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONHOME")}
+    result = subprocess.run([str(venv / "bin" / "python"), "-c", SETUP_CELL.read_text()],
+                            cwd=repository.parent, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    english, chinese = result.stderr.strip().splitlines()
+    assert english.startswith("Could not install the book's code with pip (")
+    assert "No module named pip" in english and f"pip install -e {repository} by hand" in english
+    assert chinese.startswith("无法用 pip 安装本书代码") and f"pip install -e {repository}" in chinese
+
+
 def clone_failed(result, url, clone):
     """The set-up cell's message, a line in each edition's language: what failed, and what to
     do instead."""

@@ -375,6 +375,64 @@ def test_planted_a_fall_that_explains_half_the_growth_blames_the_core():
     assert "too small to tell" in ch07_figures.verdict(runs, "batch 64")[-1]
 
 
+def test_planted_a_fall_within_overlapping_ranges_is_too_small_to_tell():
+    # Forward's share 0.95 -> 0.82, within ranges 0.80-1.00 and 0.70-0.90, for a part that
+    # grew 1.1x: its CPU time changed by 1.1 x 0.82 / 0.95 = 0.95x, and anywhere from
+    # 1.1 x 0.70 / 1.00 to 1.1 x 0.90 / 0.80 within the ranges, so the clocks cannot say
+    # whether it grew.
+    grown = {**TWO, "backward compute": 1.1 * 90.0, "communication not hidden": 0.0}
+    runs = made_runs(two=grown, waiting=0.0, share_one=(0.95, 0.80, 1.0),
+                     share_two=(0.82, 0.70, 0.90))
+    line = ch07_figures.verdict(runs, "batch 64")[-1]
+    assert "the part that grew most: backward compute" in line, line
+    assert "its CPU time grew" not in line and "gets less of a core" not in line, line
+    assert "too small to tell" in line, line
+
+
+def test_right_case_a_growth_beyond_overlapping_ranges_is_a_grown_cpu_time():
+    # The same shares for a part that grew 2x: within the ranges its CPU time grew at least
+    # 2 x 0.70 / 1.00 = 1.4x.
+    grown = {**TWO, "backward compute": 2 * 90.0, "communication not hidden": 0.0}
+    runs = made_runs(two=grown, waiting=0.0, share_one=(0.95, 0.80, 1.0),
+                     share_two=(0.82, 0.70, 0.90))
+    line = ch07_figures.verdict(runs, "batch 64")[-1]
+    assert "not that the step's thread got less of a core" in line, line
+    assert "its CPU time grew" in line, line
+
+
+def test_planted_a_fall_that_explains_under_half_is_said_in_the_rules_words():
+    # The rule blames the core where the fall explains at least half of the growth: exactly
+    # half (1.00 -> 0.50, 2x, for a part that grew 4x) blames it, and the verdict on a smaller
+    # one says it explains less than half, not "most".
+    assert ch07_figures.CORE_SHARE_EXPLAINS == 0.5
+    grown = {**TWO, "backward compute": 4 * 90.0, "communication not hidden": 0.0}
+    runs = made_runs(two=grown, waiting=0.0, share_one=(1.0, 0.99, 1.0),
+                     share_two=(0.5, 0.49, 0.51))
+    assert "each process gets less of a core" in ch07_figures.verdict(runs, "batch 64")[-1]
+    runs = made_runs(two=grown, waiting=0.0, share_one=(1.0, 0.99, 1.0),
+                     share_two=(0.85, 0.84, 0.86))
+    line = ch07_figures.verdict(runs, "batch 64")[-1]
+    assert "too small to tell" in line and "less than half of the growth" in line, line
+    assert "most" not in line.split("grew most:")[1], line
+
+
+def test_planted_a_share_of_zero_is_a_missing_measurement():
+    grown = {**TWO, "backward compute": 300.0, "communication not hidden": 0.0}
+    for share_one, share_two in (((1.0, 0.99, 1.0), (0.0, 0.0, 0.0)),
+                                 ((0.0, 0.0, 0.0), (0.5, 0.45, 0.55))):
+        runs = made_runs(two=grown, waiting=0.0, share_one=share_one, share_two=share_two)
+        line = ch07_figures.verdict(runs, "batch 64")[-1]
+        assert "less of a core" not in line and "CPU time grew" not in line, line
+        assert "was not measured" in line, line
+
+
+def test_planted_a_part_that_did_not_grow_gets_no_cause():
+    # Forward fell from 102 to 63 us while its share fell 1.00 -> 0.50: nothing to explain.
+    runs = made_runs(waiting=0.0, share_one=(1.0, 0.99, 1.0), share_two=(0.5, 0.45, 0.55))
+    assert ch07_figures.why(runs, "batch 64", "forward") is None
+    assert ch07_figures.why(runs, "batch 64", "optimizer") is None
+
+
 def untimed(runs):
     """The review's replay: the two-process file as a run whose all-reduce was not timed
     apart from backward (an NCCL run before the hooks read CUDA events) records it."""

@@ -99,6 +99,50 @@ def test_the_top_level_holds_the_training_scripts_and_their_plumbing_only():
     assert folders == {"recorders", "measure", "practice", "mistakes", "fit"}
 
 
+# --- The plumbing imports only what a reader can follow ---------------------------------------
+
+# What imports a module by a name known only when the code runs: a reader (and the count of
+# tests/scripts/test_reading_path.py) cannot follow it.
+DYNAMIC_MODULES = {"importlib", "runpy"}
+DYNAMIC_CALLS = {"__import__", "exec", "eval"}
+
+
+def dynamic_imports(source):
+    """(line, what) for each import in `source` that names its module only when it runs:
+    importlib or runpy imported, or __import__, exec or eval called."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {alias.name}") for alias in node.names
+                      if alias.name.split(".")[0] in DYNAMIC_MODULES]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] in DYNAMIC_MODULES:
+            found.append((node.lineno, f"from {node.module} import"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in DYNAMIC_CALLS:
+            found.append((node.lineno, f"{node.func.id}()"))
+    return sorted(found)
+
+
+def test_a_planted_dynamic_import_is_found_with_its_line():
+    source = ("import os\nimport importlib\nfrom importlib import import_module\n\n\ndef load(name):\n"
+              "    exec('x = 1')\n    return __import__(name), eval('1'), os.path.join('a')\n")
+    assert dynamic_imports(source) == [(2, "import importlib"), (3, "from importlib import"), (7, "exec()"),
+                                       (8, "__import__()"), (8, "eval()")]
+    assert dynamic_imports("import os\nfrom . import importlib\nmodel.eval()\n") == []
+
+
+def test_no_module_a_training_script_reaches_imports_by_a_name_known_only_when_it_runs():
+    """Every module of ddp_scripts/ that a training script imports, at any depth. fit/trace.py
+    imports the reader's own model by the name given on its command line; no script reaches it."""
+    graph = import_graph()
+    scripts = {f"ddp_scripts.{name}" for name in TRAINING_SCRIPTS}
+    paths = {module_name(path): path for path in SCRIPTS.rglob("*.py")}
+    plumbing = sorted(scripts | reached(graph, scripts))
+    assert "ddp_scripts.checkpoints" in plumbing and len(plumbing) > 10
+    found = [f"{paths[name].relative_to(ROOT)}:{line}: {what}" for name in plumbing
+             for line, what in dynamic_imports(paths[name].read_text())]
+    assert found == [], f"imports no reader can follow: {found}"
+
+
 # --- Every test that needs a GPU is in the gpu lane ------------------------------------------
 
 def no_gpu_namespace(tree):

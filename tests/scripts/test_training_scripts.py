@@ -86,7 +86,6 @@ def test_one_import_path(tmp_path):
     result = run_in_process("train_single.py", *SMALL, "--epochs", "1", "--device", "cpu",
                             "--out", tmp_path)
     assert result.returncode == 0, result.stderr
-    # ddp_scripts.py is the package itself, for a script run as a file: not a second name
     second_names = {path.stem for path in SCRIPTS.glob("*.py")} - {"ddp_scripts"} & set(sys.modules)
     assert not second_names, f"imported under a second name: {second_names}"
     loaded = [name for name in sys.modules if name.startswith("ddp_scripts")]
