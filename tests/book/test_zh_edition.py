@@ -288,17 +288,23 @@ def test_the_chinese_a_reader_sees_outside_the_pages_is_read_for_the_terms(tmp_p
         "hints.json, line 1: “微批量”", "words.yml, line 2: “卡死”", "cell.py, line 1: “拷贝”"]
 
 
-def test_check_names_a_planted_variant_with_its_page_cell_and_line(copies):
-    english, chinese, english_page, chinese_page = copies
+def plant_in_a_translated_cell(english, chinese, text):
+    """Append `text` to the first Chinese prose cell that is in step with its English one:
+    (its number, the cell, the problems the check reports that it did not before)."""
     before = problems_of(english, chinese)
     notebook = json.loads(chinese.read_text())
     current = {c["id"]: translations.sha(cell_source(c))
                for c in json.loads(english.read_text())["cells"]}
     number, cell = next((n, c) for n, c in prose_cells(notebook)
                         if c["metadata"].get("translation") == {"en": current[c["id"]]})
-    cell["source"] = cell_source(cell) + "\n\n修改之后要重启内核。"
+    cell["source"] = cell_source(cell) + text
     chinese.write_text(json.dumps(notebook, ensure_ascii=False))
-    problems = [p for p in problems_of(english, chinese) if p not in before]
+    return number, cell, [p for p in problems_of(english, chinese) if p not in before]
+
+
+def test_check_names_a_planted_variant_with_its_page_cell_and_line(copies):
+    english, chinese, english_page, chinese_page = copies
+    number, cell, problems = plant_in_a_translated_cell(english, chinese, "\n\n修改之后要重启内核。")
     line = cell_source(cell).count("\n") + 1
     assert problems == [f"{translations.relative(chinese)}, cell {number} (id {cell['id']}), "
                         f"line {line}: “内核”: write "
@@ -324,15 +330,7 @@ def test_check_names_a_planted_variant_with_its_page_cell_and_line(copies):
 def test_check_names_each_planted_variant_of_the_style_list(copies, planted, variant, line):
     """细节 for Details, 批次 for a batch, 序号 for an index, 源代码: each variant named."""
     english, chinese, _, _ = copies
-    before = problems_of(english, chinese)
-    notebook = json.loads(chinese.read_text())
-    current = {c["id"]: translations.sha(cell_source(c))
-               for c in json.loads(english.read_text())["cells"]}
-    number, cell = next((n, c) for n, c in prose_cells(notebook)
-                        if c["metadata"].get("translation") == {"en": current[c["id"]]})
-    cell["source"] = cell_source(cell) + planted
-    chinese.write_text(json.dumps(notebook, ensure_ascii=False))
-    problems = [p for p in problems_of(english, chinese) if p not in before]
+    number, cell, problems = plant_in_a_translated_cell(english, chinese, planted)
     line += cell_source(cell).count("\n") - planted.count("\n")
     assert [p.split(": write")[0] for p in problems] == [
         f"{translations.relative(chinese)}, cell {number} (id {cell['id']}), line {line}: "
