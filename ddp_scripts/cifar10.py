@@ -43,11 +43,13 @@ def download_limits():
 
 
 def fetch_archive(data_dir, url=None, limit_s=None, stall_s=None):
-    """The CIFAR-10 archive in data_dir, downloaded within limit_s seconds if it is not there
-    (by default download_limits()).
+    """The CIFAR-10 archive in data_dir, downloaded within limit_s seconds, each read within
+    stall_s (by default download_limits()), if it is not there.
 
-    The download goes to a .part file, renamed only when whole: a run stopped half-way leaves
-    nothing that looks like the archive. Raises OSError in one line, saying how to place it."""
+    torchvision's download_url has no time limit: the download is written here. It goes to a
+    .part file, renamed only once its MD5 is right: a run stopped half-way, a connection closed
+    early or a host that sends another page leaves nothing that looks like the archive. Raises
+    OSError in one line, saying how to place it."""
     import time
     import urllib.request
     from torchvision.datasets import CIFAR10
@@ -58,7 +60,6 @@ def fetch_archive(data_dir, url=None, limit_s=None, stall_s=None):
             raise OSError(f"{target} is not the CIFAR-10 archive (its MD5 is not {ARCHIVE_MD5}); "
                           f"replace it: {ARCHIVE_BYTES:,} bytes")
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     limit_s, stall_s = (given if given is not None else default
                         for given, default in zip((limit_s, stall_s), download_limits()))
     part = target.with_name(f"{ARCHIVE}.{os.getpid()}.part")
@@ -70,8 +71,10 @@ def fetch_archive(data_dir, url=None, limit_s=None, stall_s=None):
                 out.write(chunk)
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"not done after {limit_s:g} s")
+        if not check_integrity(str(part), ARCHIVE_MD5):   # cut short, or another file
+            raise ValueError(f"{part.stat().st_size:,} bytes came, whose MD5 is not {ARCHIVE_MD5}")
         os.replace(part, target)
-    except (OSError, ValueError) as error:   # no network, a refused or slow host, a bad URL
+    except (OSError, ValueError) as error:   # no network, a refused or slow host, a bad URL or file
         raise OSError(f"download of {ARCHIVE} failed ({first_line(error)}): "
                       f"{how_to_place(data_dir)}") from None
     finally:
@@ -80,34 +83,24 @@ def fetch_archive(data_dir, url=None, limit_s=None, stall_s=None):
     return target
 
 
-def unpacked_files():
-    """The files CIFAR10 reads, with torchvision's MD5 of each: the six batches, and
-    batches.meta (the class names), which torchvision's own check leaves out."""
-    from torchvision.datasets import CIFAR10
-    return [*CIFAR10.train_list, *CIFAR10.test_list, [CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
-
-
 def unpacked_state(data_dir):
-    """(whole, what is wrong): whether data_dir holds CIFAR-10's unpacked files, each with its
-    MD5; and, in words, which are missing or fail their MD5 ("" if none is there yet)."""
+    """(whole, what is wrong): whether data_dir holds the files CIFAR10 reads, each with
+    torchvision's MD5 (the six batches, and batches.meta, the class names, which torchvision's
+    own check leaves out); and, in words, which are missing or fail their MD5 ("" if none is
+    there yet)."""
     from torchvision.datasets import CIFAR10
     from torchvision.datasets.utils import check_integrity
     folder = Path(data_dir) / CIFAR10.base_folder
-    missing = [name for name, _ in unpacked_files() if not (folder / name).is_file()]
-    damaged = [name for name, md5 in unpacked_files()
-               if name not in missing and not check_integrity(str(folder / name), md5)]
-    if not damaged and len(missing) == len(unpacked_files()):
+    files = [*CIFAR10.train_list, *CIFAR10.test_list, [CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
+    missing = [name for name, _ in files if not (folder / name).is_file()]
+    if len(missing) == len(files):
         return False, ""
+    damaged = [name for name, md5 in files
+               if name not in missing and not check_integrity(str(folder / name), md5)]
     wrong = [f"{', '.join(damaged)} in {folder}/ failed the MD5 check (damaged, or copied in part)"
              ] if damaged else []
-    if missing:
-        wrong.append(f"{folder}/ lacks {', '.join(missing)}")
+    wrong += [f"{folder}/ lacks {', '.join(missing)}"] if missing else []
     return not wrong, "; ".join(wrong)
-
-
-def unpacked_whole(data_dir):
-    """Whether data_dir holds CIFAR-10's unpacked files, each with torchvision's checksum."""
-    return unpacked_state(data_dir)[0]
 
 
 class Cifar10Missing(OSError):
@@ -124,6 +117,7 @@ def cifar10_tensors(data_dir, download):
     """CIFAR-10 through torchvision, normalised, as tensors. Raises if it cannot be had: a
     Cifar10Missing, in one line, when the files are not whole and cannot be downloaded."""
     import torchvision  # imported here only: it costs seconds at start-up
+    from torchvision.transforms.functional import normalize
     whole, wrong = unpacked_state(data_dir)
     if not whole:
         if not download:
@@ -132,7 +126,7 @@ def cifar10_tensors(data_dir, download):
             raise Cifar10Missing(data_dir, wrong, unwritable)
         # Taken only when there is something to download: a run that finds the files says nothing.
         with _one_process_at_a_time(Path(data_dir) / ".download.lock"):
-            if not unpacked_whole(data_dir):   # else filled by another process while this one waited
+            if not unpacked_state(data_dir)[0]:   # else filled by another process while this one waited
                 try:
                     _unpack(fetch_archive(data_dir), data_dir)   # within a time limit
                 except OSError as error:
@@ -141,9 +135,7 @@ def cifar10_tensors(data_dir, download):
     for train in (True, False):
         ds = torchvision.datasets.CIFAR10(root=data_dir, train=train, download=False)
         images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).float().div_(255)
-        mean = torch.tensor(CIFAR_MEAN).view(1, 3, 1, 1)
-        std = torch.tensor(CIFAR_STD).view(1, 3, 1, 1)
-        splits.append(((images - mean) / std, torch.tensor(ds.targets)))
+        splits.append((normalize(images, CIFAR_MEAN, CIFAR_STD), torch.tensor(ds.targets)))
     return splits
 
 
@@ -196,16 +188,21 @@ def downloaded_once(data_dir):
     left early would meet the others in another collective, and the run would hang there."""
     if not dist.is_initialized():
         return cifar10_tensors(data_dir, download=True)
-    loaded, failed = None, None
-    if dist.get_rank() == 0:
-        loaded, failed = _tried(cifar10_tensors, data_dir, True)
+    loaded, failed, rank_0 = None, None, dist.get_rank() == 0
+    try:
+        if rank_0:
+            loaded = cifar10_tensors(data_dir, True)
+    except Exception as error:  # raised below, after the broadcast
+        failed = error
     # The other ranks wait here, in a collective, under the group's timeout: see DOWNLOAD_TIMEOUT_S.
-    rank_0_failed = [getattr(failed, "download", None) if failed else None]
-    dist.broadcast_object_list(rank_0_failed, src=0)
-    if dist.get_rank() != 0:
-        loaded, failed = _tried(cifar10_tensors, data_dir, rank_0_failed[0] is None)
-        if isinstance(failed, Cifar10Missing) and failed.download is None:
-            failed = Cifar10Missing(data_dir, failed.wrong, rank_0_failed[0])
+    why_not = [getattr(failed, "download", None)]   # rank 0's reason not to download
+    dist.broadcast_object_list(why_not, src=0)
+    if not rank_0:
+        try:
+            loaded = cifar10_tensors(data_dir, why_not[0] is None)
+        except Cifar10Missing as missing:  # with rank 0's reason if it did not download itself
+            failed = (missing if missing.download is not None
+                      else Cifar10Missing(data_dir, missing.wrong, why_not[0]))
     if failed is not None:
         raise failed
     return loaded
@@ -235,42 +232,16 @@ def cifar10_or_why(data_dir, fallback):
     return None, "synthetic (fallback)"
 
 
-def _tried(function, *args):
-    """(function(*args), None), or (None, the exception it raised)."""
-    try:
-        return function(*args), None
-    except Exception as error:
-        return None, error
-
-
-@contextlib.contextmanager
 def _one_process_at_a_time(lock_path):
-    """An exclusive lock on a file (POSIX flock). Where none can be had (Windows, a file
-    system without flock), no lock, said in one line: the processes of a disk then download
-    at the same time, each to a file of its own, and the download verifies what it finds."""
-    lock = None
+    """An exclusive lock on a file, held until the `with` block ends: filelock's FileLock (flock,
+    or LockFileEx on Windows). Where none can be had (a file system without flock, a lock file
+    this user may not write), no lock, said in one line: the processes of a disk then download
+    at the same time, each to a file of its own, and check what they fetched. Not filelock's
+    fallback, a marker file: one left by a process killed on another node holds every later run."""
+    from filelock import FileLock
     try:
-        import fcntl
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        # Open for writing: NFS emulates flock with fcntl's byte-range locks, and an exclusive
-        # one needs a file open for writing (flock(2), "NFS details"). A lock file that may
-        # only be read (a read-only folder) serves on a local disk.
-        try:
-            lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as error:
-            if error.errno not in (errno.EACCES, errno.EROFS):
-                raise
-            lock = os.open(lock_path, os.O_RDONLY)
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    except (ImportError, OSError) as error:  # ImportError: Windows, no fcntl
-        reason = "no flock on this system" if isinstance(error, ImportError) else first_line(error)
-        say(f"no download lock ({reason}): the processes on this disk that lack the files "
-            "download them at the same time")
-        if lock is not None:
-            os.close(lock)
-            lock = None
-    try:
-        yield
-    finally:
-        if lock is not None:
-            os.close(lock)  # closing the file releases the lock
+        return FileLock(lock_path, fallback_to_soft=False).acquire()  # released on leaving
+    except OSError as error:
+        say(f"no download lock ({first_line(error)}): the processes on this disk that lack the "
+            "files download them at the same time")
+        return contextlib.nullcontext()

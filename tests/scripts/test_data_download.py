@@ -77,18 +77,28 @@ def test_the_fallback_line_carries_the_placing_instructions(tmp_path, monkeypatc
 
 # --- the unpacked files, the lock, and the runs that cannot get CIFAR-10 -------------------
 
+def listed_by_cifar10(monkeypatch, files):
+    """torchvision's CIFAR10 made to list `files` ({name: bytes}) with their MD5s, as it lists
+    its own: test_batch as its test split, batches.meta as its class names, the rest as its
+    training split."""
+    import hashlib
+    from torchvision.datasets import CIFAR10
+    md5 = {name: hashlib.md5(content).hexdigest() for name, content in files.items()}
+    monkeypatch.setattr(CIFAR10, "train_list", [[name, md5[name]] for name in files
+                                                if name not in ("test_batch", "batches.meta")])
+    monkeypatch.setattr(CIFAR10, "test_list", [["test_batch", md5["test_batch"]]])
+    monkeypatch.setattr(CIFAR10, "meta", {**CIFAR10.meta, "md5": md5["batches.meta"]})
+
+
 def fake_unpacked(monkeypatch, data_dir, names=("data_batch_1", "test_batch", "batches.meta")):
     """CIFAR-10's unpacked folder with small stand-in files, each of which passes the MD5
-    check: unpacked_files() is made to list these files with their own MD5s."""
-    import hashlib
+    check: CIFAR10 is made to list these files with their own MD5s."""
     from torchvision.datasets import CIFAR10
     folder = data_dir / CIFAR10.base_folder
     folder.mkdir(parents=True)
-    listed = []
     for name in names:
         (folder / name).write_bytes(name.encode())
-        listed.append([name, hashlib.md5(name.encode()).hexdigest()])
-    monkeypatch.setattr(cifar10, "unpacked_files", lambda: listed)
+    listed_by_cifar10(monkeypatch, {name: name.encode() for name in names})
     return folder
 
 
@@ -115,10 +125,14 @@ def direct(monkeypatch):
     new_opener(monkeypatch)
 
 
-def test_batches_meta_counts_as_part_of_the_unpacked_files():
+def test_batches_meta_counts_as_part_of_the_unpacked_files(tmp_path, monkeypatch):
+    """torchvision's own check leaves batches.meta (the class names) out; CIFAR10 needs it."""
     from torchvision.datasets import CIFAR10
-    names = [name for name, _ in cifar10.unpacked_files()]
-    assert names == [*(name for name, _ in CIFAR10.train_list + CIFAR10.test_list), "batches.meta"]
+    unpack_mini_cifar(monkeypatch, tmp_path)
+    assert cifar10.unpacked_state(tmp_path) == (True, "")
+    (tmp_path / CIFAR10.base_folder / "batches.meta").unlink()
+    assert cifar10.unpacked_state(tmp_path) == (False, f"{tmp_path / CIFAR10.base_folder}/ lacks "
+                                                       "batches.meta")
 
 
 def test_a_damaged_or_missing_file_is_named_and_the_rest_are_not(tmp_path, monkeypatch):
@@ -151,9 +165,7 @@ def test_whole_files_are_read_without_a_lock_or_a_word(tmp_path, monkeypatch, ca
     import torchvision
     fake_unpacked(monkeypatch, tmp_path)
 
-    class Read:  # what torchvision's CIFAR10 gives: uint8 images (N, 32, 32, 3), int labels
-        base_folder = torchvision.datasets.CIFAR10.base_folder
-
+    class Read(torchvision.datasets.CIFAR10):  # what it gives: uint8 images (N, 32, 32, 3), labels
         def __init__(self, root, train, download):
             assert download is False  # the files were checked: nothing to fetch
             self.data, self.targets = np.zeros((4, 32, 32, 3), np.uint8), [0, 1, 2, 3]
@@ -167,6 +179,8 @@ def test_whole_files_are_read_without_a_lock_or_a_word(tmp_path, monkeypatch, ca
 
 
 def test_the_lock_file_is_opened_for_writing_as_nfs_needs(tmp_path, monkeypatch):
+    """NFS emulates flock with fcntl's byte-range locks, and an exclusive one needs a file
+    open for writing (flock(2), "NFS details")."""
     import fcntl
     modes = []
     real_flock = fcntl.flock
@@ -177,27 +191,30 @@ def test_the_lock_file_is_opened_for_writing_as_nfs_needs(tmp_path, monkeypatch)
     monkeypatch.setattr(fcntl, "flock", flock)
     with cifar10._one_process_at_a_time(tmp_path / ".download.lock"):
         pass
-    assert modes == [os.O_RDWR]
+    assert modes and set(modes) == {os.O_RDWR}, modes
 
 
-def test_a_lock_file_that_may_only_be_read_still_serves(tmp_path, monkeypatch, capsys):
-    """A read-only folder (EACCES, EROFS) where the lock file already exists: read-only is
-    enough for flock on a local disk."""
+def test_a_lock_file_that_may_only_be_read_means_no_lock_said_in_one_line(tmp_path, monkeypatch,
+                                                                          capsys):
+    """Another user's lock file in a shared folder, which this user may read but not write:
+    no lock (NFS could not lock it either), said in one line; the download goes on."""
     import errno
-    import fcntl
     lock = tmp_path / ".download.lock"
     lock.touch()
     real_open = os.open
 
-    def read_only_folder(path, flags, *mode):
-        if flags & os.O_ACCMODE != os.O_RDONLY:
+    def read_only_file(path, flags, *mode):
+        if os.fspath(path) == str(lock) and flags & os.O_ACCMODE != os.O_RDONLY:
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real_open(path, flags, *mode)
-    monkeypatch.setattr(os, "open", read_only_folder)
+    monkeypatch.setattr(os, "open", read_only_file)
+    ran = []
     with cifar10._one_process_at_a_time(lock):
-        with open(lock) as other, pytest.raises(BlockingIOError):
-            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    assert capsys.readouterr().out == ""
+        ran.append(True)
+    assert ran == [True]
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 1 and said[0].startswith("[rank 0] no download lock ("), said
+    assert "Permission denied" in said[0]
 
 
 def test_the_download_limit_leaves_half_the_group_timeout_to_unpack_and_read():
@@ -278,12 +295,9 @@ def test_an_archive_put_in_place_by_hand_is_unpacked_and_read(tmp_path, monkeypa
             info.size = len(name)
             tar.addfile(info, io.BytesIO(name.encode()))
     monkeypatch.setattr(cifar10, "ARCHIVE_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
-    monkeypatch.setattr(cifar10, "unpacked_files",
-                        lambda: [[name, hashlib.md5(name.encode()).hexdigest()] for name in names])
+    listed_by_cifar10(monkeypatch, {name: name.encode() for name in names})
 
-    class Read:
-        base_folder = torchvision.datasets.CIFAR10.base_folder
-
+    class Read(torchvision.datasets.CIFAR10):  # its lists of files, and these images
         def __init__(self, root, train, download):
             self.data, self.targets = np.zeros((2, 32, 32, 3), np.uint8), [0, 1]
     monkeypatch.setattr(torchvision.datasets, "CIFAR10", Read)
@@ -314,11 +328,7 @@ def mini_cifar(monkeypatch, per_batch=16):
                                  "labels": rng.integers(0, 10, per_batch).tolist()})
              for name, _ in CIFAR10.train_list + CIFAR10.test_list}
     files["batches.meta"] = pickle.dumps({"label_names": [f"class {n}" for n in range(10)]})
-    md5 = {name: hashlib.md5(content).hexdigest() for name, content in files.items()}
-    for listed in ("train_list", "test_list"):
-        monkeypatch.setattr(CIFAR10, listed,
-                            [[name, md5[name]] for name, _ in getattr(CIFAR10, listed)])
-    monkeypatch.setattr(CIFAR10, "meta", {**CIFAR10.meta, "md5": md5["batches.meta"]})
+    listed_by_cifar10(monkeypatch, files)
     archive = io.BytesIO()
     with tarfile.open(fileobj=archive, mode="w:gz") as tar:
         for name, content in files.items():
@@ -441,14 +451,16 @@ def test_a_download_into_a_folder_that_cannot_be_written_names_that_not_the_clea
 
 
 class Host(http.server.BaseHTTPRequestHandler):
-    """The archive's host: sends `archive` whole, or while it is None, one byte at a time
-    until `stop` is set. `asked` is set at each request."""
-    archive, asked, stop = None, threading.Event(), threading.Event()
+    """The archive's host: sends `archive` whole (announced as `length` bytes, if that is
+    set), or while it is None, one byte at a time until `stop` is set. `asked` is set at each
+    request."""
+    archive, length, asked, stop = None, None, threading.Event(), threading.Event()
 
     def do_GET(self):
         self.asked.set()
         self.send_response(200)
-        self.send_header("Content-Length", str(len(self.archive or b"") or cifar10.ARCHIVE_BYTES))
+        self.send_header("Content-Length",
+                         str(self.length or len(self.archive or b"") or cifar10.ARCHIVE_BYTES))
         self.end_headers()
         try:
             if self.archive is not None:
@@ -475,6 +487,25 @@ def host():
     handler.stop.set()
     server.shutdown()
     server.server_close()
+
+
+@pytest.mark.parametrize("sent, length", [(b"<html>Sign in to this network</html>", None),
+                                          (b"\x1f\x8b cut short", cifar10.ARCHIVE_BYTES)],
+                         ids=["another page", "a connection closed half-way"])
+def test_a_download_that_is_not_the_archive_leaves_nothing_and_says_how_to_place_it(
+        tmp_path, host, monkeypatch, sent, length):
+    """A host that answers with something else (a network's sign-in page), or closes the
+    connection before the end: its MD5 is wrong, so nothing is renamed into the archive's
+    place, where every later run would take it for the archive."""
+    handler, url = host
+    handler.archive, handler.length = sent, length
+    direct(monkeypatch)
+    with pytest.raises(OSError) as raised:
+        cifar10.fetch_archive(tmp_path, url=url, limit_s=60, stall_s=30)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"download of {cifar10.ARCHIVE} failed ("), message
+    assert f"MD5 is not {cifar10.ARCHIVE_MD5}" in message and message.endswith("by hand and run again")
+    assert list(tmp_path.iterdir()) == []
 
 
 # train_single.py as `python ddp_scripts/train_single.py ARGS` runs it, downloading from URL:
