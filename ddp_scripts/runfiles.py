@@ -30,10 +30,10 @@ ERROR_FILE_NAME = "error.json"
 
 
 def metrics_lines(out):
-    """OUT/metrics.jsonl line by line: (line number, row, text), where row is the line's dict,
-    or None for a line that is not one epoch's whole record (cut short by a crash, bytes that
-    are not UTF-8, an epoch that is not a whole number); text then says what is wrong. Blank
-    lines, and a byte-order mark that an editor may add, are passed over."""
+    """OUT/metrics.jsonl line by line: (line number, row, why), where row is the line's dict
+    and why None, or row is None for a line that is not one epoch's whole record (cut short by
+    a crash, bytes that are not UTF-8, an epoch that is not a whole number) and why says what
+    is wrong. Blank lines, and a byte-order mark that an editor may add, are passed over."""
     try:
         data = (Path(out) / METRICS).read_bytes()
     except FileNotFoundError:
@@ -43,18 +43,15 @@ def metrics_lines(out):
         if not raw.strip():  # a blank line (an editor's last newline, say): nothing logged
             continue
         try:
-            row = json.loads(raw.decode())
-        except UnicodeDecodeError:
-            lines.append((number, None, "not UTF-8 text"))
-            continue
-        except ValueError:
-            lines.append((number, None, "not whole JSON: cut short, or not a metrics line"))
-            continue
-        epoch = row.get("epoch") if isinstance(row, dict) else None
-        if type(epoch) is not int or epoch < 1:
-            lines.append((number, None, f"its epoch is {epoch!r}, not a whole number from 1"))
-            continue
-        lines.append((number, row, raw.decode()))
+            row, why = json.loads(raw.decode()), None
+        except ValueError as error:  # UnicodeDecodeError is one
+            row, why = None, ("not UTF-8 text" if isinstance(error, UnicodeDecodeError)
+                              else "not whole JSON: cut short, or not a metrics line")
+        else:
+            epoch = row.get("epoch") if isinstance(row, dict) else None
+            if type(epoch) is not int or epoch < 1:
+                row, why = None, f"its epoch is {epoch!r}, not a whole number from 1"
+        lines.append((number, row, why))
     return lines
 
 
@@ -64,13 +61,11 @@ def metrics_rows(out, strict=False):
     A line that is not one epoch's whole record (metrics_lines) is skipped, or with
     `strict=True` raises ValueError naming it: a finished run never has one.
     """
-    rows = []
-    for number, row, text in metrics_lines(out):
+    lines = metrics_lines(out)
+    for number, row, why in lines:
         if row is None and strict:
-            raise ValueError(f"{Path(out) / METRICS}, line {number}: {text}")
-        if row is not None:
-            rows.append(row)
-    return rows
+            raise ValueError(f"{Path(out) / METRICS}, line {number}: {why}")
+    return [row for _, row, _ in lines if row is not None]
 
 
 def holds_a_run(out):

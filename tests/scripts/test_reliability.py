@@ -355,7 +355,8 @@ def test_a_resume_records_what_it_trained_with(finished, tmp_path):
 
 def test_a_resume_on_another_number_of_ranks_keeps_the_global_batch(finished, tmp_path,
                                                                    monkeypatch):
-    """Saved by 1 rank of 32; resumed by 2 ranks: 2 x 32 is refused, 2 x 16 continues."""
+    """Saved by 1 rank of 32; resumed by 2 ranks: 2 x 32 is refused, 2 x 16 continues. On 3
+    ranks no batch size gives 32: run it on 1."""
     out = copy_of(finished, tmp_path)
     monkeypatch.setattr(checkpoints, "world_size", lambda: 2)
     parse = build_parser("test").parse_args
@@ -364,6 +365,10 @@ def test_a_resume_on_another_number_of_ranks_keeps_the_global_batch(finished, tm
         prepare_out_dir(parse([*RUN, "--epochs", "3", "--resume", "--out", str(out)]))
     args = parse([*RUN, "--epochs", "3", "--batch-size", "16", "--resume", "--out", str(out)])
     assert prepare_out_dir(args)["epoch"] == 2
+    monkeypatch.setattr(checkpoints, "world_size", lambda: 3)  # 32 does not split over 3 ranks
+    with pytest.raises(UsageError, match=r"and this run's is 48: run it on 1 rank\(s\), or "
+                                         "--overwrite"):
+        prepare_out_dir(args)
 
 
 @pytest.mark.parametrize("epochs", ["1", "2"])
@@ -404,7 +409,8 @@ def damage(out, line, how):
     (0, "half", "line 1, is damaged (not whole JSON"),         # the first line half-written
     (0, "bytes", "line 1, is damaged (not UTF-8 text)"),
     (1, "string", "line 2, is damaged (its epoch is '2', not a whole number from 1)"),
-    (0, "twice", "logs epoch 1 twice (lines 1 and 2)"),
+    (0, "twice", "line 2, logs epoch 1 out of step: the checkpoint (epoch 2) needs epochs 1 to 2"),
+    (1, "twice", "line 3, logs epoch 2 out of step"),           # doubled after the epochs kept
 ])
 def test_a_damaged_metrics_line_is_refused_not_dropped(finished, tmp_path, line, how, fragment):
     """A resume keeps the log whole: a damaged or doubled line of the epochs it keeps is one
@@ -433,12 +439,18 @@ def test_a_metrics_line_cut_short_after_the_checkpoint_is_dropped_with_a_word(fi
     assert metrics_rows(out, strict=True)
 
 
-def test_a_metrics_line_missing_is_refused(finished, tmp_path):
+@pytest.mark.parametrize("left, fragment", [
+    (1, "line 1, logs epoch 2 out of step: the checkpoint (epoch 2) needs epochs 1 to 2"),
+    (0, "lacks epoch 2: the checkpoint (epoch 2) needs epochs 1 to 2"),  # the log's end lost
+])
+def test_a_metrics_line_missing_is_refused(finished, tmp_path, left, fragment):
     out = copy_of(finished, tmp_path)
     lines = (out / METRICS).read_text().splitlines(keepends=True)
-    (out / METRICS).write_text(lines[1])
+    (out / METRICS).write_text(lines[left])
+    before = files_in(out)
     result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", out)
-    assert_one_line_error(result, "lacks epoch 1, which the checkpoint (epoch 2) covers")
+    assert_one_line_error(result, f"{out / METRICS}", fragment, "--overwrite")
+    assert files_in(out) == before
 
 
 def test_a_damaged_line_without_a_checkpoint_is_refused_too(tmp_path):
@@ -471,7 +483,8 @@ def test_lines_out_of_order_are_named(finished, tmp_path):
     lines = (out / METRICS).read_text().splitlines(keepends=True)
     (out / METRICS).write_text(lines[1] + lines[0])
     result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", out)
-    assert_one_line_error(result, "line 1, logs epoch 2 where epoch 1 was due")
+    assert_one_line_error(result, "line 1, logs epoch 2 out of step: the checkpoint (epoch 2) "
+                                  "needs epochs 1 to 2 logged once each, in order", "--overwrite")
 
 
 @pytest.mark.parametrize("resume", ["--resume", "--overwrite"])
@@ -545,7 +558,7 @@ def test_the_sharded_checkpoint_is_held_to_the_same_rules(tmp_path):
     info = {"epoch": 2, "identity": fsdp_out.sharded_identity(args), "lr": 0.01, "momentum": 0.9,
             "world_size": 1, "global_batch_size": 32}
     (folder / fsdp_out.CHECKPOINT_INFO).write_text(json.dumps(info))
-    with pytest.raises(UsageError, match="lacks epoch 1, which the checkpoint"):  # the log lost
+    with pytest.raises(UsageError, match="lacks epoch 1: the checkpoint"):  # the log lost
         fsdp_out.prepare_out_dir(args, 32)
     (tmp_path / METRICS).write_text('{"epoch": 1}\n{"epoch": 2}\n')
     assert fsdp_out.prepare_out_dir(args, 32)["epoch"] == 2
