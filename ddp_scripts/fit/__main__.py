@@ -14,24 +14,13 @@ import sys
 
 import torch
 
-from ddp_scripts.cli import UsageError, run_cli
+from ddp_scripts.cli import run_cli
 from ddp_scripts.fit import trace
 from ddp_scripts.fit.check import GPUS, fit, memory_size
 from ddp_scripts.options import ArgumentParser, count
 
 STRATEGIES = {"single": "one process", "ddp": "DDP", "fsdp": "FSDP",
               "fsdp-keep": "FSDP, not resharded after forward"}
-INPUT_DTYPES = {"float32": torch.float32, "long": torch.long, "int": torch.int32}
-
-
-def shape(text):
-    try:
-        dims = tuple(int(d) for d in text.replace("x", ",").split(","))   # "3,,32" refused
-    except ValueError:
-        dims = ()
-    if not dims or min(dims) < 1:
-        raise UsageError(f"--input-shape {text!r}: give one sample's sizes, e.g. 3,224,224")
-    return dims
 
 
 def gib(n):
@@ -83,7 +72,7 @@ def main():
                         help="module:callable or file.py:callable, e.g. torchvision.models:resnet50")
     parser.add_argument("--kwargs", default="{}", help="the callable's keyword arguments, as JSON")
     parser.add_argument("--input-shape", type=str, required=True, help="one sample, e.g. 3,224,224")
-    parser.add_argument("--input-dtype", choices=sorted(INPUT_DTYPES), default="float32",
+    parser.add_argument("--input-dtype", choices=sorted(trace.INPUT_DTYPES), default="float32",
                         help="long: token ids (zeros)")
     parser.add_argument("--batch-size", type=count, default=32, help="per rank")
     parser.add_argument("--optimizer", choices=["sgd", "sgd-momentum", "adam", "adamw"],
@@ -108,8 +97,8 @@ def main():
     ranks = args.ranks or (1 if args.strategy == "single" else 2)
     model = trace.build(args.model, trace.parse_kwargs(args.kwargs))
     units = trace.units_of(model, args.units)
-    setup = {"model": args.model, "kwargs": args.kwargs, "input_shape": shape(args.input_shape),
-             "input_dtype": INPUT_DTYPES[args.input_dtype], "batch": args.batch_size,
+    setup = {"model": args.model, "kwargs": args.kwargs, "input_shape": trace.input_shape(args.input_shape),
+             "input_dtype": trace.INPUT_DTYPES[args.input_dtype], "batch": args.batch_size,
              "optimizer": args.optimizer, "precision": args.precision,
              "checkpointing": args.checkpointing, "strategy": args.strategy, "ranks": ranks}
     torch.set_num_threads(1)

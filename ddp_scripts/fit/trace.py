@@ -28,6 +28,8 @@ PRECISIONS = ("float32", "bf16-autocast", "bf16", "float64")
 # bfloat16 from float32 weights.
 MASTER = {"float32": torch.float32, "bf16-autocast": torch.float32, "bf16": torch.bfloat16,
           "float64": torch.float64}
+# --input-dtype: what one sample of the reader's model is made of (long, int: token ids).
+INPUT_DTYPES = {"float32": torch.float32, "long": torch.long, "int": torch.int32}
 
 
 def factory(spec):
@@ -65,6 +67,17 @@ def parse_kwargs(text):
     if not isinstance(kwargs, dict):
         raise UsageError(f"--kwargs must be a JSON object, got {text[:40]}")
     return kwargs
+
+
+def input_shape(text):
+    """--input-shape: one sample's sizes, "3,224,224" (or 3x224x224; "32" for 32 tokens)."""
+    try:
+        dims = tuple(int(d) for d in text.replace("x", ",").split(","))   # "3,,32" refused
+    except ValueError:
+        dims = ()
+    if not dims or min(dims) < 1:
+        raise UsageError(f"--input-shape {text!r}: give one sample's sizes, e.g. 3,224,224")
+    return dims
 
 
 def build(spec, kwargs, device="meta", dtype=torch.float32):

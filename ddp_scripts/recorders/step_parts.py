@@ -36,7 +36,6 @@ a step together from the clocks' parts alone (compute, waiting for the other ran
 of the all-reduce not hidden), without the remainder, which no phase's clock times.
 Rank 0 writes one JSON file: every case's parts, per step and as means, and each rank's means.
 """
-import argparse
 import itertools
 import json
 import os
@@ -50,7 +49,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_scripts.cli import UsageError, first_line, run_cli
 from ddp_scripts.devices import pick_device, set_cpu_threads, synchronize
-from ddp_scripts.fit.trace import factory, loss_of, parse_kwargs
+from ddp_scripts.fit.trace import INPUT_DTYPES, factory, input_shape, loss_of, parse_kwargs
 from ddp_scripts.hardware import usable_cores
 from ddp_scripts.measure.benchmark import RELIABLE_SPREAD
 from ddp_scripts.models import build_model
@@ -75,24 +74,11 @@ REMAINDER = "other (loop, timers)"
 # The parts that compute, with no other rank in them: what step_from_parts calls compute.
 COMPUTE = ["data wait", "copy to device", "forward", "backward compute", "optimizer"]
 SPREAD_GROUPS = 4
-INPUT_DTYPES = {"float32": torch.float32, "long": torch.long}
 
 
 def threads_option(text):
     """--threads: a count, or "all" (every usable core)."""
     return text if text == "all" else count(text)
-
-
-def shape_option(text):
-    """--input-shape: one sample's sizes, separated by commas ("3,224,224", or "32" tokens)."""
-    try:
-        shape = tuple(int(size) for size in text.split(","))
-    except ValueError:
-        shape = ()
-    if not shape or min(shape) < 1:
-        raise argparse.ArgumentTypeError(f"must be sizes of at least 1 separated by commas, "
-                                         f"e.g. 3,224,224; got {text[:40]!r}")
-    return shape
 
 
 def parse_args(argv=None):
@@ -108,9 +94,9 @@ def parse_args(argv=None):
     p.add_argument("--model", help="your model instead of the book's CNN: package.module:callable "
                                    "or file.py:callable, e.g. torchvision.models:resnet18")
     p.add_argument("--kwargs", type=parse_kwargs, help="--model's keyword arguments, JSON")
-    p.add_argument("--input-shape", type=shape_option, help="--model's sample, e.g. 3,224,224")
+    p.add_argument("--input-shape", type=input_shape, help="--model's sample, e.g. 3,224,224")
     p.add_argument("--input-dtype", choices=list(INPUT_DTYPES),
-                   help="--model's input: float32 (the default) or long (tokens)")
+                   help="--model's input: float32 (the default), or long or int (tokens)")
     p.add_argument("--out", required=True, help="the JSON file rank 0 writes")
     args = p.parse_args(argv)
     if args.model is None:  # else the CNN would run, silently, in place of the model meant

@@ -349,7 +349,7 @@ def test_a_readers_model_is_timed_as_the_cnn_is(tmp_path, options, processes):
     ([*RESNET, "--kwargs", '{"no_such_argument": 1}'], "no_such_argument"),
     ([*RESNET, "--kwargs", "[1]"], "--kwargs must be a JSON object"),
     (RESNET[:2], "--model needs --input-shape"),
-    ([*RESNET[:2], "--input-shape", "3,x"], "--input-shape must be sizes"),
+    ([*RESNET[:2], "--input-shape", "3,x"], "--input-shape '3,x': give one sample's sizes"),
     (["--input-shape", "3,32,32"], "--input-shape goes with --model"),
     (["--input-dtype", "long"], "--input-dtype goes with --model"),
 ])
