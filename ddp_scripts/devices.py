@@ -1,8 +1,6 @@
 """Where a run computes: the device (pick_device), its float32 precision (set_precision), the
-CPU threads (set_cpu_threads), waiting for the GPU before reading a clock (synchronize), and a
-batch too large for the device's memory, said in one line (reported_if_out_of_memory).
+CPU threads (set_cpu_threads), and waiting for the GPU before reading a clock (synchronize).
 """
-import contextlib
 import os
 
 import torch
@@ -96,14 +94,3 @@ def synchronize(device):
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
-
-
-@contextlib.contextmanager
-def reported_if_out_of_memory(batch_size, device):
-    """Around forward and backward: a batch too large for the device's memory becomes one
-    line that says what to do, instead of a page of CUDA traceback."""
-    try:
-        yield
-    except torch.OutOfMemoryError:
-        raise UsageError(f"a batch of {batch_size} images does not fit in the memory "
-                         f"of {device}: lower --batch-size") from None

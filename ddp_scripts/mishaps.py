@@ -51,9 +51,9 @@ def end_early(error, say):
     rank = int(rank) if rank and rank.isdigit() else None
     tag = f"[rank {rank}] " if rank is not None else ""
     if not isinstance(error, (KeyboardInterrupt, UsageError, RunStopped, NothingToDo)):
-        error = interrupt_behind(error)
+        error = out_of_memory(interrupt_behind(error))
     if isinstance(error, RuntimeError):  # gloo's, if another rank ended first: then one line
-        error = peer_silent(peer_lost(error))
+        error = peer_lost(error)
     if isinstance(error, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (Terminated)
         end_interrupted(error, tag)
     if isinstance(error, NothingToDo):
@@ -85,13 +85,35 @@ def interrupt_behind(error):
     return error
 
 
-def peer_lost(error):
-    """gloo's error when another rank's process ended in a collective, as one line."""
-    if not any(text in str(error) for text in ("Connection reset by peer", "Connection closed by peer")):
+def out_of_memory(error):
+    """torch's OutOfMemoryError, wherever a batch met it (training or the test), as one line
+    that says what to do; any other error as it is."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(error, torch.OutOfMemoryError):
         return error
-    return PeerLost(f"another rank ended first ({type(error).__name__}: "
-                    f"{first_line(error).split('. ')[0]}); its own output, or torchrun's exit "
-                    "code for it, says why; the last checkpoint saved, if any, is whole")
+    said = ". ".join(first_line(error).split(". ")[:2])  # "CUDA out of memory. Tried to allocate 2.00 GiB"
+    return UsageError(f"a batch does not fit in the device's memory ({said}): lower --batch-size")
+
+
+def peer_lost(error):
+    """gloo's error when another rank ended first (its connection closed), or did not answer
+    within the --timeout-s of a group that ranks.init_process_group formed (it is stopped,
+    stuck, or slower than that), as a PeerLost in one line: this rank stops for want of that
+    one, which is the one to read about. Any other error as it is, and so a group made
+    otherwise (the lessons' own demonstrations) keeps gloo's traceback."""
+    import re
+    if any(text in str(error) for text in ("Connection reset by peer", "Connection closed by peer")):
+        return PeerLost(f"another rank ended first ({type(error).__name__}: "
+                        f"{first_line(error).split('. ')[0]}); its own output, or torchrun's exit "
+                        "code for it, says why; the last checkpoint saved, if any, is whole")
+    ranks = sys.modules.get("ddp_scripts.ranks")
+    timeout_s = ranks.GROUP.get("timeout_s") if ranks is not None else None
+    if timeout_s is None or not re.search(r"Timed out waiting \d+ ?ms", str(error)):
+        return error
+    return PeerLost(f"another rank did not answer within --timeout-s {timeout_s:g} "
+                    f"({type(error).__name__}: {first_line(error).split('] ')[-1]}): it is "
+                    "stopped (SIGSTOP, Ctrl-Z), stuck, or slower than that (raise --timeout-s "
+                    "if it is only slow); the last checkpoint saved, if any, is whole")
 
 
 def end_interrupted(error, tag):
@@ -275,21 +297,3 @@ def port_taken(error):
     return UsageError(f"MASTER_PORT {port} on {host} is in use by another program (EADDRINUSE): "
                       "set MASTER_PORT to a free port, or start the script with torchrun "
                       "--standalone, which picks one")
-
-
-def peer_silent(error):
-    """gloo's error when another rank did not answer within the timeout of a group that
-    ranks.init_process_group formed (the scripts' --timeout-s) as one line: that rank is
-    stopped, stuck, or slower than that. A PeerLost: this rank stops for want of that one,
-    which is the one to read about. Any other error as it is, and so a group made otherwise
-    (the lessons' own demonstrations) keeps gloo's traceback."""
-    import re
-    ranks = sys.modules.get("ddp_scripts.ranks")
-    timeout_s = ranks.GROUP.get("timeout_s") if ranks is not None else None
-    if timeout_s is None or not isinstance(error, RuntimeError) \
-            or not re.search(r"Timed out waiting \d+ ?ms", str(error)):
-        return error
-    return PeerLost(f"another rank did not answer within --timeout-s {timeout_s:g} "
-                    f"({type(error).__name__}: {first_line(error).split('] ')[-1]}): it is "
-                    "stopped (SIGSTOP, Ctrl-Z), stuck, or slower than that (raise --timeout-s "
-                    "if it is only slow); the last checkpoint saved, if any, is whole")

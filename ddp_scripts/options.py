@@ -1,14 +1,13 @@
 """The command line: one set of options for every script, so every run is comparable.
 
 Each number is checked as it is read (the types above build_parser); check_args then rejects
-the options that contradict each other, and sets the float32 precision that --tf32 asks for.
+the options that contradict each other.
 """
 import argparse
 import math
 import re
 
 from ddp_scripts.cli import UsageError
-from ddp_scripts.devices import set_precision
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -106,4 +105,3 @@ def check_args(args):
     if args.local_rank is not None:  # passed by torch.distributed.launch (torchrun sets LOCAL_RANK)
         from ddp_scripts.mishaps import launched_the_old_way
         launched_the_old_way(args.local_rank)
-    set_precision(args.tf32)

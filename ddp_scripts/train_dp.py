@@ -14,7 +14,7 @@ from torch.utils.data import RandomSampler
 
 from ddp_scripts.cli import run_cli, say
 from ddp_scripts.options import build_parser, check_args
-from ddp_scripts.devices import pick_device, reported_if_out_of_memory, set_cpu_threads, synchronize
+from ddp_scripts.devices import pick_device, set_cpu_threads, set_precision, synchronize
 from ddp_scripts.data import check_batch_fits, load_datasets, make_loader
 from ddp_scripts.models import build_model, evaluate
 from ddp_scripts.checkpoints import prepare_out_dir, resume_from, save_epoch, start_out_dir
@@ -51,6 +51,7 @@ def main():
     device = pick_device(args.device)
     require_gpus_for_data_parallel(device)  # DP: cuda:0 gathers, every visible GPU computes
     threads = set_cpu_threads(args.threads)
+    set_precision(args.tf32)  # float32 as float32; TF32 on newer GPUs only with --tf32
     checkpoint = prepare_out_dir(args)
     train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
                                         args.test_samples, args.dtype,
@@ -67,7 +68,8 @@ def main():
     # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
     shuffle = RandomSampler(train_set, generator=torch.Generator())
     train_loader = make_loader(train_set, args.batch_size, shuffle)
-    test_loader = make_loader(test_set, args.batch_size, range(len(test_set)))
+    test_loader = make_loader(test_set, args.batch_size,
+                              range(len(test_set)))
     context = run_context(args, device, model, threads, train_set.source)
 
     # 4. Train and test, epoch after epoch; each batch goes to the device in train_one_epoch.
@@ -75,13 +77,13 @@ def main():
     for epoch in range(first_epoch, args.epochs + 1):
         shuffle.generator.manual_seed(args.seed + epoch)
         epoch_start = time.perf_counter()
-        with reported_if_out_of_memory(args.batch_size, device):  # too large a batch: one line
-            train_totals = train_one_epoch(model, train_loader, optimizer, device)
+        train_totals = train_one_epoch(model, train_loader, optimizer, device)
         stop_if_loss_not_finite(train_totals, epoch)  # nan or inf: stop before saving anything
         synchronize(device)  # GPU work is queued: wait for it before reading the clock
         epoch_time = time.perf_counter() - epoch_start
         test_totals = evaluate(model, test_loader, device)
-        save_epoch(args, epoch, model.module, optimizer, train_totals, test_totals, epoch_time, context)  # DP
+        save_epoch(args, epoch, model.module, optimizer, train_totals, test_totals,  # DP
+                   epoch_time, context)
         if epoch == args.stop_after_epoch:
             say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
             break

@@ -4,7 +4,8 @@ The progression: each script is its parent with a few lines changed, each marked
 topic, train_single.py -> train_dp.py (DP) and -> train_ddp.py (DDP), and from train_ddp.py
 -> train_fast.py (FAST) and -> train_fsdp.py (FSDP). `diff` between neighbours is the lesson.
 """
-# Run it:  torchrun --standalone --nproc_per_node 1 ddp_scripts/train_fast.py --data-on-device --out runs/fast
+# Run it:  torchrun --standalone --nproc_per_node 1 ddp_scripts/train_fast.py \
+#            --data-on-device --out runs/fast
 import time
 
 import os  # DDP: torchrun's variables
@@ -15,13 +16,13 @@ from torch.utils.data.distributed import DistributedSampler  # DDP
 
 from ddp_scripts.cli import run_cli, say
 from ddp_scripts.options import build_parser, check_args
-from ddp_scripts.devices import pick_device, reported_if_out_of_memory, set_cpu_threads, synchronize
+from ddp_scripts.devices import pick_device, set_cpu_threads, set_precision, synchronize
 from ddp_scripts.data import check_batch_fits, load_datasets, make_loader
 from ddp_scripts.models import build_model, evaluate
 from ddp_scripts.checkpoints import prepare_out_dir, resume_from, save_epoch, start_out_dir
 from ddp_scripts.checkpoints import run_context, stop_if_loss_not_finite, write_summary
-from ddp_scripts.ranks import average_buffers, init_process_group, leave_process_group, on_rank_0  # DDP
-from ddp_scripts.ranks import reduce_sum, require_torchrun  # DDP
+from ddp_scripts.ranks import average_buffers, init_process_group, leave_process_group  # DDP
+from ddp_scripts.ranks import on_rank_0, reduce_sum, require_torchrun  # DDP
 from ddp_scripts.speed import (AMP_DTYPES, add_speed_options, check_levers, compiled,  # FAST
                                lever_settings, memory_format, train_batches)
 
@@ -39,12 +40,14 @@ def train_one_epoch(model, loader, optimizer, device, amp, scaler):  # FAST: --a
     totals = torch.zeros(3, device=device, dtype=torch.float64)
     for images, labels in loader:
         pinned = loader.pin_memory  # FAST: --pin-memory: then the host need not wait for the copy
-        images, labels = images.to(device, non_blocking=pinned), labels.to(device, non_blocking=pinned)  # FAST
+        images, labels = (images.to(device, non_blocking=pinned),  # FAST
+                          labels.to(device, non_blocking=pinned))
         optimizer.zero_grad()
-        with torch.autocast(device.type, dtype=AMP_DTYPES[amp], enabled=amp != "off"):  # FAST: --amp
-            loss = F.cross_entropy(model(images), labels)  # FAST: under autocast
+        with torch.autocast(device.type, dtype=AMP_DTYPES[amp], enabled=amp != "off"):  # FAST
+            loss = F.cross_entropy(model(images), labels)  # FAST: under --amp's autocast
         # DDP: backward() also averages the gradients over the ranks, bucket by bucket
-        scaler.scale(loss).backward()  # FAST: --amp fp16: small gradients scaled above fp16's smallest
+        # FAST: --amp fp16: small gradients scaled above fp16's smallest
+        scaler.scale(loss).backward()  # FAST
         scaler.step(optimizer)  # FAST: unscaled; skipped if a gradient overflowed
         scaler.update()  # FAST: the scale halves after an overflow, doubles after 2000 clean steps
         totals[0] += loss.detach() * len(labels)
@@ -54,20 +57,22 @@ def train_one_epoch(model, loader, optimizer, device, amp, scaler):  # FAST: --a
 
 
 def main():
-    args = add_speed_options(build_parser(__doc__.splitlines()[0])).parse_args()  # FAST: the levers' options
+    # FAST: the levers' options
+    args = add_speed_options(build_parser(__doc__.splitlines()[0])).parse_args()  # FAST
     check_args(args)
 
     # 1. Where to train: one process per GPU (or per share of the CPU cores), all in one group.
     require_torchrun(__file__)  # DDP: torchrun tells each process who it is
     rank = int(os.environ["RANK"])  # DDP: who I am among all processes
     world_size = int(os.environ["WORLD_SIZE"])  # DDP: how many processes in all
-    device = pick_device(args.device, int(os.environ["LOCAL_RANK"]))  # DDP: LOCAL_RANK, my GPU on this machine
+    device = pick_device(args.device, int(os.environ["LOCAL_RANK"]))  # DDP: my GPU on this machine
     if device.type == "cuda":  # DDP
         torch.cuda.set_device(device)  # before the group, so that nccl uses this GPU
     init_process_group(device, args.timeout_s)  # DDP: nccl on GPUs, gloo on CPUs
     check_levers(args, device)  # FAST: a one-line error for what cannot work here
     threads = set_cpu_threads(args.threads)
-    checkpoint = on_rank_0(prepare_out_dir, args)  # DDP: rank 0 reads OUT, every rank gets what it found
+    set_precision(args.tf32)  # float32 as float32; TF32 on newer GPUs only with --tf32
+    checkpoint = on_rank_0(prepare_out_dir, args)  # DDP: rank 0 reads OUT and tells every rank
     train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
                                         args.test_samples, args.dtype,
                                         fallback=not args.no_synthetic_fallback)
@@ -75,30 +80,34 @@ def main():
 
     # 2. The model goes to the device once, where it is built; the optimizer follows it.
     model = build_model(args.model, args.seed, getattr(torch, args.dtype)).to(device)
-    model = model.to(memory_format=memory_format(args))  # FAST: --channels-last: the weights in NHWC, once
+    model = model.to(memory_format=memory_format(args))  # FAST: --channels-last: NHWC weights, once
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     first_epoch = resume_from(checkpoint, model, optimizer, args.out)
-    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # DDP: after .to(device)
-    model = compiled(model, args.compile)  # FAST: --compile: at model build; model.module stays eager
+    # DDP: the model is wrapped after .to(device)
+    model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # DDP
+    model = compiled(model, args.compile)  # FAST: --compile: at build; model.module stays eager
     # FAST: --amp fp16 only: bf16 has float32's range and needs no scaler
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # FAST
     on_rank_0(start_out_dir, args, checkpoint)  # DDP: one process writes
 
     # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
-    shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=args.seed)  # DDP: a share each
+    shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank,  # DDP: a share each
+                                 seed=args.seed)
     # FAST: batches cut on the GPU (--data-on-device) or made by --workers into --pin-memory;
     # --augment and --channels-last applied there, where the batches are made
     train_loader = train_batches(train_set, args.batch_size, shuffle, args, device)  # FAST
-    test_loader = make_loader(test_set, args.batch_size, range(rank, len(test_set), world_size))  # DDP: each image once
-    context = run_context(args, device, model, threads, train_set.source, **lever_settings(args))  # FAST
+    test_loader = make_loader(test_set, args.batch_size,
+                              range(rank, len(test_set), world_size))  # DDP: each image once
+    context = run_context(args, device, model, threads, train_set.source,
+                          **lever_settings(args))  # FAST
 
     # 4. Train and test, epoch after epoch; each batch goes to the device in train_one_epoch.
     train_start = time.perf_counter()
     for epoch in range(first_epoch, args.epochs + 1):
         shuffle.set_epoch(epoch)  # DDP: without it, every epoch repeats the same shuffle
         epoch_start = time.perf_counter()
-        with reported_if_out_of_memory(args.batch_size, device):  # too large a batch: one line
-            train_totals = train_one_epoch(model, train_loader, optimizer, device, args.amp, scaler)  # FAST: --amp
+        train_totals = train_one_epoch(model, train_loader, optimizer, device,
+                                       args.amp, scaler)  # FAST: --amp
         stop_if_loss_not_finite(train_totals, epoch)  # nan or inf: stop before saving anything
         train_totals = reduce_sum(train_totals)  # DDP: add up the ranks
         synchronize(device)  # GPU work is queued: wait for it before reading the clock
@@ -106,12 +115,14 @@ def main():
         average_buffers(model.module)  # DDP: BatchNorm statistics differ by the last step
         test_totals = reduce_sum(evaluate(model.module, test_loader, device))  # DDP
         if rank == 0:  # DDP: one process writes; every rank holds the same model
-            save_epoch(args, epoch, model.module, optimizer, train_totals, test_totals, epoch_time, context)
+            save_epoch(args, epoch, model.module, optimizer, train_totals, test_totals,
+                       epoch_time, context)
         if epoch == args.stop_after_epoch:
             say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
             break
     on_rank_0(write_summary, args.out, model, device, train_start, args)  # DDP: one process writes
-    del model  # DDP: the model goes before its group, or a rank can hang as it exits
+    # DDP: the model goes before its group, or a rank can hang as it exits
+    del model  # DDP
     leave_process_group()  # DDP: leave the group cleanly
 
 

@@ -4,7 +4,8 @@ The progression: each script is its parent with a few lines changed, each marked
 topic, train_single.py -> train_dp.py (DP) and -> train_ddp.py (DDP), and from train_ddp.py
 -> train_fast.py (FAST) and -> train_fsdp.py (FSDP). `diff` between neighbours is the lesson.
 """
-# Run it:  python ddp_scripts/train_single.py --dataset synthetic --epochs 2 --device cpu --out runs/single
+# Run it:  python ddp_scripts/train_single.py --dataset synthetic --epochs 2 --device cpu \
+#            --out runs/single
 import time
 
 import torch
@@ -13,7 +14,7 @@ from torch.utils.data import RandomSampler
 
 from ddp_scripts.cli import run_cli, say
 from ddp_scripts.options import build_parser, check_args
-from ddp_scripts.devices import pick_device, reported_if_out_of_memory, set_cpu_threads, synchronize
+from ddp_scripts.devices import pick_device, set_cpu_threads, set_precision, synchronize
 from ddp_scripts.data import check_batch_fits, load_datasets, make_loader
 from ddp_scripts.models import build_model, evaluate
 from ddp_scripts.checkpoints import prepare_out_dir, resume_from, save_epoch, start_out_dir
@@ -48,6 +49,7 @@ def main():
     # 1. Where to train. The source article: torch.device("cuda:0" if available else "cpu").
     device = pick_device(args.device)
     threads = set_cpu_threads(args.threads)
+    set_precision(args.tf32)  # float32 as float32; TF32 on newer GPUs only with --tf32
     checkpoint = prepare_out_dir(args)
     train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
                                         args.test_samples, args.dtype,
@@ -63,7 +65,8 @@ def main():
     # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
     shuffle = RandomSampler(train_set, generator=torch.Generator())
     train_loader = make_loader(train_set, args.batch_size, shuffle)
-    test_loader = make_loader(test_set, args.batch_size, range(len(test_set)))
+    test_loader = make_loader(test_set, args.batch_size,
+                              range(len(test_set)))
     context = run_context(args, device, model, threads, train_set.source)
 
     # 4. Train and test, epoch after epoch; each batch goes to the device in train_one_epoch.
@@ -71,8 +74,7 @@ def main():
     for epoch in range(first_epoch, args.epochs + 1):
         shuffle.generator.manual_seed(args.seed + epoch)
         epoch_start = time.perf_counter()
-        with reported_if_out_of_memory(args.batch_size, device):  # too large a batch: one line
-            train_totals = train_one_epoch(model, train_loader, optimizer, device)
+        train_totals = train_one_epoch(model, train_loader, optimizer, device)
         stop_if_loss_not_finite(train_totals, epoch)  # nan or inf: stop before saving anything
         synchronize(device)  # GPU work is queued: wait for it before reading the clock
         epoch_time = time.perf_counter() - epoch_start

@@ -7,7 +7,6 @@ draws it on a matplotlib Axes; the chapter's cell gathers the data, draws, and s
 The caption and the alt text live in the cell's metadata (`mystnb.figure`, `mystnb.image.alt`),
 so the page numbers the figure and each edition captions it in its own language.
 """
-import io
 import re
 
 import matplotlib
@@ -166,9 +165,3 @@ def offline_player(page):
     return re.sub(r'<i class="([^"]+)"></i>',
                   lambda m: f"<span>{PLAYER_ICONS.get(m.group(1), '?')}</span>", page)
 
-
-def png_bytes(fig):
-    """The figure as PNG bytes (what a test or a results file keeps)."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()

@@ -101,15 +101,24 @@ def test_cpu_quota_is_read_from_the_cgroup(tmp_path, files, cores):
     assert cpu_quota_cores(tmp_path) == cores
 
 
-def test_out_of_memory_is_one_line_with_what_to_do():
-    from ddp_scripts import cli, devices
-    with pytest.raises(cli.UsageError, match="a batch of 512 images does not fit in the "
-                                                "memory of cuda:0: lower --batch-size"):
-        with devices.reported_if_out_of_memory(512, torch.device("cuda", 0)):
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    with pytest.raises(ValueError):  # anything else goes through unchanged
-        with devices.reported_if_out_of_memory(512, torch.device("cpu")):
-            raise ValueError("not about memory")
+def test_out_of_memory_is_one_line_with_what_to_do(capsys):
+    """A batch too large for the device, met anywhere in main() (training, or the test): one
+    line, exit status 2, never CUDA's page of traceback. Anything else goes through unchanged."""
+    from ddp_scripts import cli
+
+    def main():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+                                     "total capacity of 79.19 GiB of which 1.00 GiB is free.\nmore")
+    with pytest.raises(SystemExit) as ended:
+        cli.run_cli(main)
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == ("error: a batch does not fit in the device's memory (CUDA "
+                                       "out of memory. Tried to allocate 2.00 GiB): lower --batch-size\n")
+
+    def other():
+        raise ValueError("not about memory")
+    with pytest.raises(ValueError, match="not about memory"):
+        cli.run_cli(other)
 
 
 @pytest.mark.parametrize("option, value, fragment", [

@@ -20,7 +20,7 @@ from tests.helpers import SCRIPTS, SMALL, run_one_rank
 pytestmark = pytest.mark.timeout(300)
 
 ONE_EPOCH = [*SMALL, "--epochs", "1"]
-DEL_MODEL = "    del model  # DDP: the model goes before its group, or a rank can hang as it exits\n"
+DEL_MODEL = "    del model  # DDP\n"
 
 
 def wrapped_models_alive_at_destroy(script, out):

@@ -74,6 +74,30 @@ def test_the_children_keep_the_parents_step(script):
         assert step in text, f"{script} does not show {step}"
 
 
+WIDTH = 100  # columns: the code's width (pyproject.toml), what a phone or a printed page shows
+SCRIPT_NAMES = ["train_single.py", "train_dp.py", "train_ddp.py", "train_fast.py", "train_fsdp.py"]
+
+
+def too_wide(text):
+    """(line number, columns) for each line of `text` wider than WIDTH."""
+    return [(number, len(line)) for number, line in enumerate(text.splitlines(), 1)
+            if len(line) > WIDTH]
+
+
+def test_planted_a_line_of_101_columns_is_found():
+    planted = ("import torch\n"
+               + "x = 1  # " + "a" * (WIDTH - 9) + "\n"           # 100 columns: it fits
+               + "    y = 2  # " + "b" * (WIDTH - 12) + "\n")     # 101 columns
+    assert too_wide(planted) == [(3, WIDTH + 1)]
+
+
+@pytest.mark.parametrize("script", SCRIPT_NAMES)
+def test_every_line_of_a_script_fits_the_page(script):
+    """The chapters print the scripts whole and as diffs: a line past 100 columns wraps on a
+    phone and runs off a printed page."""
+    assert too_wide((SCRIPTS / script).read_text()) == [], f"{script}: (line, columns) past {WIDTH}"
+
+
 ROOM_SIZE = 300  # lines: a reader opens the module a script imports a name from, and reads it
 
 

@@ -39,10 +39,11 @@ TRAINING_SCRIPTS = ["train_single.py", "train_dp.py", "train_ddp.py", "train_fas
 # counted and printed.
 MOST_READ = 900
 # Until then, a ceiling per script, so that the plumbing does not grow while it is cut: about
-# 8% above the counts of 2026-12-07, every import followed (1,288/1,293/1,397/1,605/1,723),
-# room for a fix that needs a few lines. Past one, the plumbing grew by design: cut it.
-CEILING = {"train_single.py": 1400, "train_dp.py": 1400, "train_ddp.py": 1500, "train_fast.py": 1730,
-           "train_fsdp.py": 1860}
+# 8% above the counts after the second cut of 2026-12-07, every import followed
+# (1,203/1,208/1,312/1,520/1,642), room for a fix that needs a few lines. Past one, the
+# plumbing grew by design: cut it.
+CEILING = {"train_single.py": 1300, "train_dp.py": 1305, "train_ddp.py": 1420, "train_fast.py": 1640,
+           "train_fsdp.py": 1775}
 
 
 def module_name(root, path):
