@@ -23,7 +23,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from ddp_scripts.cli import HELD_FOLDERS, UsageError, say
 from ddp_scripts.devices import say_device
-from ddp_scripts.hardware import seconds_since_start
+from ddp_scripts.hardware import describe_hardware, seconds_since_start
 from ddp_scripts.ranks import on_rank_0, world_size
 from ddp_scripts.runfiles import CHECKPOINT, METRICS, SHARDED_CHECKPOINT, SUMMARY, holds_a_run
 
@@ -259,15 +259,14 @@ def run_context(args, device, model, threads, data_source, **levers):
 
 
 def write_summary(out, model, device, train_start, args, **extra):
-    """OUT/run.json, once the run has finished: times (start-up from the process's start), the
-    device and torch, options; `extra`: more keys to record. The machine is described by what
-    measures it (measure/benchmark.py, hardware.describe_hardware), not by every run."""
+    """OUT/run.json, once the run has finished: times (start-up from the process's start),
+    hardware, options; `extra`: more keys to record."""
     end = time.perf_counter()
     start = end - seconds_since_start()  # the process's start, on perf_counter's clock
     summary = {"strategy": strategy_of(model), "world_size": world_size(),
                "startup_s": train_start - start, "train_s": end - train_start,
-               "total_s": end - start, "device": str(device), "torch": torch.__version__,
-               "args": vars(args), **extra}
+               "total_s": end - start, "hardware": describe_hardware(device), "args": vars(args),
+               **extra}
     try:
         write_atomically(Path(out) / SUMMARY, lambda f: json.dump(summary, f, indent=1), mode="w")
     except OSError as error:  # a full disk, say: the training itself is saved

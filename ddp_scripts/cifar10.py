@@ -91,7 +91,8 @@ def unpacked_state(data_dir):
     from torchvision.datasets import CIFAR10
     from torchvision.datasets.utils import check_integrity
     folder = Path(data_dir) / CIFAR10.base_folder
-    files = [*CIFAR10.train_list, *CIFAR10.test_list, [CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
+    files = [*CIFAR10.train_list, *CIFAR10.test_list,
+             [CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
     missing = [name for name, _ in files if not (folder / name).is_file()]
     if len(missing) == len(files):
         return False, ""
@@ -126,7 +127,7 @@ def cifar10_tensors(data_dir, download):
             raise Cifar10Missing(data_dir, wrong, unwritable)
         # Taken only when there is something to download: a run that finds the files says nothing.
         with _one_process_at_a_time(Path(data_dir) / ".download.lock"):
-            if not unpacked_state(data_dir)[0]:   # else filled by another process while this one waited
+            if not unpacked_state(data_dir)[0]:   # else filled by another process meanwhile
                 try:
                     _unpack(fetch_archive(data_dir), data_dir)   # within a time limit
                 except OSError as error:
@@ -234,13 +235,14 @@ def cifar10_or_why(data_dir, fallback):
 
 def _one_process_at_a_time(lock_path):
     """An exclusive lock on a file, held until the `with` block ends: filelock's FileLock (flock,
-    or LockFileEx on Windows). Where none can be had (a file system without flock, a lock file
-    this user may not write), no lock, said in one line: the processes of a disk then download
-    at the same time, each to a file of its own, and check what they fetched. Not filelock's
-    fallback, a marker file: one left by a process killed on another node holds every later run."""
+    or LockFileEx on Windows), on a file every user of a shared folder may lock (0o666). Where
+    none can be had (a file system without flock, a lock file this user may not write), no
+    lock, said in one line: the processes of a disk then download at the same time, each to a
+    file of its own, and check what they fetched. Not filelock's fallback, a marker file: one
+    left by a process killed on another node would hold every later run."""
     from filelock import FileLock
-    try:
-        return FileLock(lock_path, fallback_to_soft=False).acquire()  # released on leaving
+    try:  # the lock is released as the `with` block ends
+        return FileLock(lock_path, mode=0o666, fallback_to_soft=False).acquire()
     except OSError as error:
         say(f"no download lock ({first_line(error)}): the processes on this disk that lack the "
             "files download them at the same time")

@@ -1,7 +1,6 @@
-"""The machine: the cores this process may use (every run splits them into threads) and how
-long ago it started (run.json's start-up time); and, for what measures, the CPU, the GPUs and
-the library versions, with one label that names them (describe_hardware: the benchmark's
-results record it, and adds how the GPUs are linked, measure/links.py).
+"""What a run was measured on, stored beside every result: the CPU and the cores this process
+may use, the GPUs, and the library versions, with one label that names them. Every training
+script records it in run.json. The benchmark adds how the GPUs are linked (measure/links.py).
 """
 import os
 import platform

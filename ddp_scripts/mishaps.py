@@ -86,13 +86,14 @@ def interrupt_behind(error):
 
 
 def out_of_memory(error):
-    """torch's OutOfMemoryError, wherever a batch met it (training or the test), as one line
-    that says what to do; any other error as it is."""
+    """torch's OutOfMemoryError, wherever the run met it (building the model, training, the
+    test), as one line that says what to do; any other error as it is."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(error, torch.OutOfMemoryError):
         return error
-    said = ". ".join(first_line(error).split(". ")[:2])  # "CUDA out of memory. Tried to allocate 2.00 GiB"
-    return UsageError(f"a batch does not fit in the device's memory ({said}): lower --batch-size")
+    said = ". ".join(first_line(error).split(". ")[:2])  # "CUDA out of memory. Tried to ..."
+    return UsageError(f"the run does not fit in the device's memory ({said}): lower "
+                      "--batch-size, or shard the model over the GPUs (train_fsdp.py)")
 
 
 def peer_lost(error):
@@ -102,7 +103,7 @@ def peer_lost(error):
     one, which is the one to read about. Any other error as it is, and so a group made
     otherwise (the lessons' own demonstrations) keeps gloo's traceback."""
     import re
-    if any(text in str(error) for text in ("Connection reset by peer", "Connection closed by peer")):
+    if "Connection reset by peer" in str(error) or "Connection closed by peer" in str(error):
         return PeerLost(f"another rank ended first ({type(error).__name__}: "
                         f"{first_line(error).split('. ')[0]}); its own output, or torchrun's exit "
                         "code for it, says why; the last checkpoint saved, if any, is whole")

@@ -61,7 +61,7 @@ def main():
     world_size = int(os.environ["WORLD_SIZE"])  # DDP: how many processes in all
     device = pick_device(args.device, int(os.environ["LOCAL_RANK"]))  # DDP: my GPU on this machine
     if device.type == "cuda":  # DDP
-        torch.cuda.set_device(device)  # before the group, so that nccl uses this GPU
+        torch.cuda.set_device(device)  # DDP: before the group, so that nccl uses this GPU
     init_process_group(device, args.timeout_s)  # DDP: nccl on GPUs, gloo on CPUs
     threads = set_cpu_threads(args.threads)
     set_precision(args.tf32)  # float32 as float32; TF32 on newer GPUs only with --tf32

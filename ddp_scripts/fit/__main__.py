@@ -97,7 +97,8 @@ def main():
     ranks = args.ranks or (1 if args.strategy == "single" else 2)
     model = trace.build(args.model, trace.parse_kwargs(args.kwargs))
     units = trace.units_of(model, args.units)
-    setup = {"model": args.model, "kwargs": args.kwargs, "input_shape": trace.input_shape(args.input_shape),
+    setup = {"model": args.model, "kwargs": args.kwargs,
+             "input_shape": trace.input_shape(args.input_shape),
              "input_dtype": trace.INPUT_DTYPES[args.input_dtype], "batch": args.batch_size,
              "optimizer": args.optimizer, "precision": args.precision,
              "checkpointing": args.checkpointing, "strategy": args.strategy, "ranks": ranks}

@@ -281,7 +281,7 @@ def measure(run, overwrite, timeout_s, echo=print):
         threads_per_process=int(last["threads"]),
         backend=last["backend"] if isinstance(last["backend"], str) else None,
         gpus=int(last["gpus"]), world_size=int(last["world_size"]),
-        run_device=summary["device"])
+        run_device=summary["hardware"]["device"])
     summarise_repeats(run)
     return run
 

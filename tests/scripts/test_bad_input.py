@@ -102,8 +102,8 @@ def test_cpu_quota_is_read_from_the_cgroup(tmp_path, files, cores):
 
 
 def test_out_of_memory_is_one_line_with_what_to_do(capsys):
-    """A batch too large for the device, met anywhere in main() (training, or the test): one
-    line, exit status 2, never CUDA's page of traceback. Anything else goes through unchanged."""
+    """A run too large for the device, met anywhere in main() (the model, training, the test):
+    one line, exit status 2, never CUDA's page of traceback. Anything else goes unchanged."""
     from ddp_scripts import cli
 
     def main():
@@ -112,8 +112,9 @@ def test_out_of_memory_is_one_line_with_what_to_do(capsys):
     with pytest.raises(SystemExit) as ended:
         cli.run_cli(main)
     assert ended.value.code == 2
-    assert capsys.readouterr().err == ("error: a batch does not fit in the device's memory (CUDA "
-                                       "out of memory. Tried to allocate 2.00 GiB): lower --batch-size\n")
+    assert capsys.readouterr().err == (
+        "error: the run does not fit in the device's memory (CUDA out of memory. Tried to "
+        "allocate 2.00 GiB): lower --batch-size, or shard the model over the GPUs (train_fsdp.py)\n")
 
     def other():
         raise ValueError("not about memory")

@@ -217,6 +217,36 @@ def test_a_lock_file_that_may_only_be_read_means_no_lock_said_in_one_line(tmp_pa
     assert "Permission denied" in said[0]
 
 
+def test_a_file_system_without_flock_means_no_lock_said_in_one_line_and_no_marker(
+        tmp_path, monkeypatch, capsys, recwarn):
+    """flock refused (ENOSYS, as on some network file systems): no lock, said in one line. Not
+    filelock's fallback, a marker file, which a process killed on another node would leave
+    behind to hold every later run."""
+    import errno
+    import fcntl
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    ran = []
+    with cifar10._one_process_at_a_time(tmp_path / ".download.lock"):
+        ran.append(True)
+    assert ran == [True]
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 1 and said[0].startswith("[rank 0] no download lock ("), said
+    assert not recwarn.list, [str(warning.message) for warning in recwarn.list]
+    assert [path.name for path in tmp_path.iterdir() if path.name != ".download.lock"] == []
+
+
+def test_the_lock_file_may_be_locked_by_every_user_of_a_shared_folder(tmp_path):
+    """Made writable by all (0o666, whatever the umask): the next user of a group's data
+    folder locks it too, where a file of mode 0o644 would leave them without a lock."""
+    lock = tmp_path / ".download.lock"
+    with cifar10._one_process_at_a_time(lock):
+        pass
+    assert lock.stat().st_mode & 0o777 == 0o666
+
+
 def test_the_download_limit_leaves_half_the_group_timeout_to_unpack_and_read():
     """Under torchrun the other ranks wait for rank 0's download in a collective, which fails
     after --timeout-s."""

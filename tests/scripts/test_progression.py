@@ -46,6 +46,59 @@ def test_the_diff_is_short_and_every_change_is_marked(parent, child, mark):
             f"a change in {child} is not marked {mark}:\n" + "\n".join(removed + ["---"] + added))
 
 
+def statement_spans(text):
+    """Line number -> (first, last) line of the innermost statement holding it; of a compound
+    statement (if, for, with, def), its header only, up to its body."""
+    spans = {}
+    for node in ast.walk(ast.parse(text)):  # outer statements first: the innermost stays
+        if isinstance(node, ast.stmt):
+            body = getattr(node, "body", None)
+            last = body[0].lineno - 1 if isinstance(body, list) and body else node.end_lineno
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            for line in range(first, last + 1):
+                spans[line] = (first, last)
+    return spans
+
+
+def unmarked_changes(parent_text, child_text, mark):
+    """The child's changed code lines (not comments, not the module's docstring) whose
+    statement carries the mark on none of its lines: a statement wrapped over two lines is
+    marked once."""
+    def code(text):
+        return [(number, line) for number, line in enumerate(text.splitlines(), start=1)
+                if line.strip() and not line.strip().startswith("#")]
+    parent, child, lines = code(parent_text), code(child_text), child_text.splitlines()
+    tree = ast.parse(child_text)
+    docstring = tree.body[0].end_lineno if ast.get_docstring(tree) is not None else 0
+    spans = statement_spans(child_text)
+    matcher = difflib.SequenceMatcher(a=[line for _, line in parent], b=[line for _, line in child],
+                                      autojunk=False)
+    unmarked = []
+    for tag, _, _, first, last in matcher.get_opcodes():
+        for number, line in child[first:last] if tag != "equal" else []:
+            start, end = spans.get(number, (number, number))
+            if number > docstring and not any(re.search(rf"#.*\b{mark}\b", lines[at - 1])
+                                              for at in range(start, end + 1)):
+                unmarked.append(line.strip())
+    return unmarked
+
+
+def test_planted_a_changed_statement_without_its_mark_is_found():
+    parent = "x = 1\nsave(x, y)\n"
+    marked = "x = 2  # DDP: why\nsave(x,  # DDP\n     y, z)\n"  # wrapped, marked once
+    assert unmarked_changes(parent, marked, "DDP") == []
+    plain = "x = 2  # DDP: why\nif x:\n    save(x, y, z)\n"  # the `if` is not its body
+    assert unmarked_changes(parent, plain, "DDP") == ["if x:", "save(x, y, z)"]
+
+
+@pytest.mark.parametrize("parent, child, mark", PAIRS)
+def test_every_changed_statement_carries_its_mark(parent, child, mark):
+    """The chapters say each change is marked: each statement the diff changes carries the
+    mark, on one of its lines."""
+    unmarked = unmarked_changes((SCRIPTS / parent).read_text(), (SCRIPTS / child).read_text(), mark)
+    assert unmarked == [], f"{child}: changed, not marked {mark}: {unmarked}"
+
+
 def test_the_marker_is_only_on_changed_lines():
     """A `# DDP` on a line that train_single.py also has would point at nothing."""
     for parent, child, mark in PAIRS:

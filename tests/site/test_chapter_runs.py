@@ -93,7 +93,7 @@ def test_ddp_metrics_and_checkpoint_contract():
     summary = json.loads((out / SUMMARY).read_text())
     assert summary["startup_s"] > 0 and summary["train_s"] > 0
     assert summary["world_size"] == rows[-1]["world_size"]
-    assert summary["device"] == rows[-1]["device"]
+    assert summary["hardware"]["device"] == rows[-1]["device"].split(":")[0]
 
 
 def test_the_source_articles_launcher_still_works():
