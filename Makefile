@@ -54,8 +54,8 @@ check: $(INSTALLED)
 
 # Every English chapter against the oldest torch, torchvision and filelock that
 # requirements.txt allows, in an environment of its own (.venv-oldest; pip fetches that torch,
-# a few GB with CUDA), and the test of how a rank leaves its group (the floor is where a rank
-# once hung at exit).
+# a few GB with CUDA), the test of how a rank leaves its group (the floor is where a rank once
+# hung at exit), and the download's tests (filelock's floor holds its lock).
 # Not part of `make test`, which runs the newest torch; .ci/run runs both.
 TORCH_FLOOR := $(shell sed -n 's/^torch>=\([0-9.]*\).*/\1/p' requirements.txt)
 VISION_FLOOR := $(shell sed -n 's/^torchvision>=\([0-9.]*\).*/\1/p' requirements.txt)
@@ -65,7 +65,7 @@ oldest-torch:
 	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip install -q -r requirements-dev.txt -e . "torch==$(TORCH_FLOOR).*" "torchvision==$(VISION_FLOOR).*" "filelock==$(FILELOCK_FLOOR).*"
 	$(OLDEST)/bin/python -c "import filelock, torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__, 'filelock', filelock.__version__)"
-	$(OLDEST)/bin/python -m pytest --nbmake -n 2 -p no:cacheprovider -o addopts= -o timeout=1800 --nbmake-timeout=900 notebooks/*.ipynb tests/scripts/test_group_exit.py
+	$(OLDEST)/bin/python -m pytest --nbmake -n 2 -p no:cacheprovider -o addopts= -o timeout=1800 --nbmake-timeout=900 notebooks/*.ipynb tests/scripts/test_group_exit.py tests/scripts/test_data_download.py
 
 # apt-get needs root: as root it runs directly, otherwise through sudo (a CI runner, say).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

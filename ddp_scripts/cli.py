@@ -65,7 +65,7 @@ FAST_EXIT = "DDP_SCRIPTS_FAST_EXIT"
 
 def run_cli(main):
     """Call `main()` as a script's entry point, and end the process: UsageError is one line
-    and exit status 2 (as is a run too large for the device's memory); RunStopped one line
+    and exit status 2 (as is a run too large for its GPU's memory); RunStopped one line
     and 1 (as is another rank that ended first); NothingToDo one line and 0; SIGTERM or
     Ctrl-C one line; any other exception Python's traceback and 1. Failures also go to
     torchrun's error file (runfiles.py), where torchrun and the launcher read which rank

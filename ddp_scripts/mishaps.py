@@ -86,14 +86,14 @@ def interrupt_behind(error):
 
 
 def out_of_memory(error):
-    """torch's OutOfMemoryError, wherever the run met it (building the model, training, the
-    test), as one line that says what to do; any other error as it is."""
+    """torch's OutOfMemoryError (a GPU's: a CPU's allocator raises a RuntimeError), wherever the
+    run met it (the model, training, the test), as one line; any other error as it is."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(error, torch.OutOfMemoryError):
         return error
     said = ". ".join(first_line(error).split(". ")[:2])  # "CUDA out of memory. Tried to ..."
-    return UsageError(f"the run does not fit in the device's memory ({said}): lower "
-                      "--batch-size, or shard the model over the GPUs (train_fsdp.py)")
+    return UsageError(f"the run does not fit in the GPU's memory ({said}): lower the batch "
+                      "(--batch-size; train_fsdp.py: --global-batch-size, if given)")
 
 
 def peer_lost(error):

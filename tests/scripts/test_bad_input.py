@@ -113,8 +113,8 @@ def test_out_of_memory_is_one_line_with_what_to_do(capsys):
         cli.run_cli(main)
     assert ended.value.code == 2
     assert capsys.readouterr().err == (
-        "error: the run does not fit in the device's memory (CUDA out of memory. Tried to "
-        "allocate 2.00 GiB): lower --batch-size, or shard the model over the GPUs (train_fsdp.py)\n")
+        "error: the run does not fit in the GPU's memory (CUDA out of memory. Tried to allocate "
+        "2.00 GiB): lower the batch (--batch-size; train_fsdp.py: --global-batch-size, if given)\n")
 
     def other():
         raise ValueError("not about memory")

@@ -3,7 +3,9 @@ train_fast.py / train_fsdp.py. The diff between a script and its parent is the l
 short and marked."""
 import ast
 import difflib
+import io
 import re
+import tokenize
 
 import pytest
 
@@ -60,14 +62,29 @@ def statement_spans(text):
     return spans
 
 
+def read_lines(text, mark):
+    """(the lines that hold code, the lines whose comment carries the mark), read by Python's
+    tokenizer: a `#` inside a string is neither a comment nor a mark."""
+    code, marked = set(), set()
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.COMMENT:
+            if re.search(rf"\b{mark}\b", token.string):
+                marked.add(token.start[0])
+        elif token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                                tokenize.ENDMARKER):
+            code.update(range(token.start[0], token.end[0] + 1))
+    return code, marked
+
+
 def unmarked_changes(parent_text, child_text, mark):
     """The child's changed code lines (not comments, not the module's docstring) whose
     statement carries the mark on none of its lines: a statement wrapped over two lines is
-    marked once."""
+    marked once. A comment added alone explains a change; it is not one."""
     def code(text):
-        return [(number, line) for number, line in enumerate(text.splitlines(), start=1)
-                if line.strip() and not line.strip().startswith("#")]
-    parent, child, lines = code(parent_text), code(child_text), child_text.splitlines()
+        lines = text.splitlines()
+        return [(number, lines[number - 1]) for number in sorted(read_lines(text, mark)[0])]
+    parent, child = code(parent_text), code(child_text)
+    marked = read_lines(child_text, mark)[1]
     tree = ast.parse(child_text)
     docstring = tree.body[0].end_lineno if ast.get_docstring(tree) is not None else 0
     spans = statement_spans(child_text)
@@ -77,8 +94,7 @@ def unmarked_changes(parent_text, child_text, mark):
     for tag, _, _, first, last in matcher.get_opcodes():
         for number, line in child[first:last] if tag != "equal" else []:
             start, end = spans.get(number, (number, number))
-            if number > docstring and not any(re.search(rf"#.*\b{mark}\b", lines[at - 1])
-                                              for at in range(start, end + 1)):
+            if number > docstring and not marked & set(range(start, end + 1)):
                 unmarked.append(line.strip())
     return unmarked
 
@@ -89,6 +105,9 @@ def test_planted_a_changed_statement_without_its_mark_is_found():
     assert unmarked_changes(parent, marked, "DDP") == []
     plain = "x = 2  # DDP: why\nif x:\n    save(x, y, z)\n"  # the `if` is not its body
     assert unmarked_changes(parent, plain, "DDP") == ["if x:", "save(x, y, z)"]
+    in_strings = 'x = 2  # DDP: why\nsave(x, "# DDP",\n     """\n# DDP: not a comment\n""")\n'
+    assert unmarked_changes(parent, in_strings, "DDP") == [
+        'save(x, "# DDP",', '"""', "# DDP: not a comment", '""")']
 
 
 @pytest.mark.parametrize("parent, child, mark", PAIRS)
