@@ -34,14 +34,14 @@ def parent_ended(wait_s=0.5):
     return os.getppid() != PARENT
 
 
-# The folders this process holds while its script runs (checkpoints.claim_out_dir): each
+# The folders this process holds while its script runs (out_dir.claim_out_dir): each
 # path's open, locked descriptor (or None), the folders the claim made, deepest first, and
 # the lock file.
 HELD_FOLDERS = {}
 
 
 def let_go_of_folders():
-    """run_cli's last step: remove each lock file, then unlock it (checkpoints.hold), and
+    """run_cli's last step: remove each lock file, then unlock it (out_dir.hold), and
     remove the folders the claim made if the script left nothing in them."""
     for descriptor, made, lock in HELD_FOLDERS.values():
         if descriptor is not None:

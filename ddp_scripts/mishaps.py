@@ -169,14 +169,14 @@ def cannot_write(option, path, error):
 
 def lock_not_opened(lock, error):
     """OUT/.lock could not be opened: make OUT again if another run removed it (empty, as
-    the run that made it ended), else raise the UsageError (checkpoints.hold)."""
+    the run that made it ended), else raise the UsageError (out_dir.hold)."""
     if lock.parent.exists():  # .lock a folder, or a broken link
         raise cannot_write("--out", lock.parent, error) from None
     lock.parent.mkdir(parents=True, exist_ok=True)
 
 
 def cannot_make(out, error):
-    """The UsageError for an --out that cannot be made or written (checkpoints.claim_out_dir)."""
+    """The UsageError for an --out that cannot be made or written (out_dir.claim_out_dir)."""
     if out.is_symlink() and not out.exists():
         return UsageError(f"--out {out} is a link to {os.readlink(out)}, which does not exist")
     if out.exists() and not out.is_dir():
@@ -227,7 +227,7 @@ def cannot_save(error, out, epoch, saved=CHECKPOINT, cause=None):
 
 
 def loss_not_finite(epoch, step):
-    """The RunStopped for a loss that became nan or inf (checkpoints.stop_if_loss_not_finite)."""
+    """The RunStopped for a loss that became nan or inf (out_dir.stop_if_loss_not_finite)."""
     return RunStopped(f"the loss became nan or inf at epoch {epoch}, step {step:.0f}: lower "
                       f"--lr (nothing of epoch {epoch} was saved: the checkpoint, if there "
                       "is one, holds the epoch before)")

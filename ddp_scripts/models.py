@@ -1,4 +1,5 @@
-"""The models the scripts train, built alike in every process (build_model), and their test.
+"""The models the scripts train, built alike in every process (build_model), and their test;
+and a GPT-style decoder (Decoder) that chapter 11 and `python -m ddp_scripts.fit` ask about.
 
 cnn is the CNN of PyTorch's CIFAR-10 tutorial (Net); resnet18 is ResNet-18 as CIFAR-10 papers
 use it. evaluate() sums the loss and the correct predictions over a test loader.

@@ -1,8 +1,8 @@
 """Continuing a run (--resume): loading its checkpoint (load_checkpoint), and the checks that
-the new run's options would train as the saved run did (what checkpoints.save_checkpoint
+the new run's options would train as the saved run did (what out_dir.save_checkpoint
 records of it), each refused in one line where they differ.
 
-checkpoints.prepare_out_dir imports it only when a run resumes (checkpoint_to_resume).
+out_dir.prepare_out_dir imports it only when a run resumes (checkpoint_to_resume).
 """
 from pathlib import Path
 
@@ -34,7 +34,7 @@ def load_checkpoint(path, expect=None):
 
 def checkpoint_to_resume(out, epochs, identity, now):
     """--resume: the checkpoint in OUT, checked against this run's options (`identity`, `now`:
-    checkpoints.run_identity and training_settings), each difference refused in one line; or
+    out_dir.run_identity and training_settings), each difference refused in one line; or
     None (start from epoch 1) where nothing trained would be lost."""
     out = Path(out)
     if (out / SHARDED_CHECKPOINT).exists():

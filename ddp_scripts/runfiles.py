@@ -1,7 +1,9 @@
-"""What a run leaves behind, defined once: the files in --out, and a failed rank's error file.
+"""What a run leaves behind, named once and read here: the files in --out, and a failed
+rank's error file (written here too).
 
-The training scripts write these files; the launcher, the benchmark, the notebooks and the
-tests read them. Nothing here imports torch, so the launcher stays quick to import.
+out_dir.py and fsdp_out_dir.py write the files in --out; the launcher, the benchmark, the
+notebooks and the tests read them with this module. Nothing here imports torch, so the
+launcher stays quick to import.
 
     OUT/metrics.jsonl   one JSON object per finished epoch (the last line may be cut short
                         by a crash: readers skip it; a resume names it, see resume.py)

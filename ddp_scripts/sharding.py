@@ -1,6 +1,6 @@
 """What train_fsdp.py needs to shard a model: its options, a model worth sharding, each rank's
 shards made without the whole model, a global batch that survives a change of world size, and
-what each rank holds. Its checkpoints are in fsdp_out.py. A run saved by N ranks resumes on M,
+what each rank holds. Its checkpoints are in fsdp_out_dir.py. A run saved by N ranks resumes on M,
 and --global-batch-size keeps the training the same when the number of ranks changes:
 
     torchrun --standalone --nproc_per_node 2 ddp_scripts/train_fsdp.py --model mlp --width 1024 \

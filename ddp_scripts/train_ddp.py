@@ -19,8 +19,8 @@ from ddp_scripts.options import build_parser, check_args
 from ddp_scripts.devices import pick_device, set_cpu_threads, set_precision, synchronize
 from ddp_scripts.data import check_batch_fits, load_datasets, make_loader
 from ddp_scripts.models import build_model, evaluate
-from ddp_scripts.checkpoints import prepare_out_dir, resume_from, save_epoch, start_out_dir
-from ddp_scripts.checkpoints import run_context, stop_if_loss_not_finite, write_summary
+from ddp_scripts.out_dir import prepare_out_dir, resume_from, save_epoch, start_out_dir
+from ddp_scripts.out_dir import run_context, stop_if_loss_not_finite, write_summary
 from ddp_scripts.ranks import average_buffers, init_process_group, leave_process_group  # DDP
 from ddp_scripts.ranks import on_rank_0, reduce_sum, require_torchrun  # DDP
 

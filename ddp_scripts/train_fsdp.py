@@ -20,8 +20,8 @@ from ddp_scripts.options import check_args  # FSDP: sharding.parse_args instead 
 from ddp_scripts.devices import pick_device, set_cpu_threads, set_precision, synchronize
 from ddp_scripts.data import check_batch_fits, load_datasets, make_loader
 from ddp_scripts.models import evaluate  # FSDP: sharding.build_fsdp_model instead of build_model
-from ddp_scripts import fsdp_out, sharding  # FSDP: shards (sharding), their checkpoints (fsdp_out)
-from ddp_scripts.checkpoints import run_context, stop_if_loss_not_finite, write_summary
+from ddp_scripts import fsdp_out_dir, sharding  # FSDP: its shards, their checkpoints
+from ddp_scripts.out_dir import run_context, stop_if_loss_not_finite, write_summary
 from ddp_scripts.ranks import average_buffers, init_process_group, leave_process_group  # DDP
 from ddp_scripts.ranks import on_rank_0, reduce_sum, require_torchrun  # DDP
 
@@ -66,7 +66,7 @@ def main():
     threads = set_cpu_threads(args.threads)
     set_precision(args.tf32)  # float32 as float32; TF32 on newer GPUs only with --tf32
     # FSDP: the sharded checkpoint, found by rank 0 and told to every rank
-    checkpoint = on_rank_0(fsdp_out.prepare_out_dir, args, args.batch_size * world_size)  # FSDP
+    checkpoint = on_rank_0(fsdp_out_dir.prepare_out_dir, args, args.batch_size * world_size)  # FSDP
     train_set, test_set = load_datasets(args.dataset, args.data_dir, args.train_samples,
                                         args.test_samples, args.dtype,
                                         fallback=not args.no_synthetic_fallback)
@@ -89,8 +89,8 @@ def main():
     sharding.materialize_shards(model, device, args, getattr(torch, args.dtype))  # FSDP
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     # FSDP: resumes on any number of ranks
-    first_epoch = fsdp_out.resume_from(checkpoint, model, optimizer, args.out)  # FSDP
-    on_rank_0(fsdp_out.start_out_dir, args, checkpoint)  # FSDP
+    first_epoch = fsdp_out_dir.resume_from(checkpoint, model, optimizer, args.out)  # FSDP
+    on_rank_0(fsdp_out_dir.start_out_dir, args, checkpoint)  # FSDP
 
     # 3. The data: a new shuffle every epoch, seeded with seed + epoch, the same in every script.
     shuffle = DistributedSampler(train_set, num_replicas=world_size, rank=rank,  # DDP: a share each
@@ -114,12 +114,12 @@ def main():
         # FSDP: every rank runs each forward
         test_totals = reduce_sum(evaluate(model, test_loader, device))  # FSDP
         # FSDP: every rank saves its shards; rank 0 logs the epoch
-        fsdp_out.save_epoch(args, epoch, model, optimizer, train_totals, test_totals,  # FSDP
+        fsdp_out_dir.save_epoch(args, epoch, model, optimizer, train_totals, test_totals,  # FSDP
                             epoch_time, context)
         if epoch == args.stop_after_epoch:
             say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
             break
-    fsdp_out.export_full_checkpoint(args, model, optimizer)  # FSDP: rank 0 gathers the whole model
+    fsdp_out_dir.export_full_checkpoint(args, model, optimizer)  # FSDP: the whole model, on rank 0
     on_rank_0(write_summary, args.out, model, device, train_start, args)  # DDP: one process writes
     # FSDP: the same order as DDP's, though fully_shard holds no Reducer
     del model  # DDP

@@ -224,7 +224,7 @@ def checkpoint_written(folder):
 def same_training_state(first, second):
     """(every parameter identical, momentum identical) of two checkpoints of the scripts: the
     same names and every tensor equal bit for bit, in the model and in SGD's momentum."""
-    from ddp_scripts.checkpoints import identical
+    from ddp_scripts.out_dir import identical
 
     def momentum(checkpoint):
         return {index: state["momentum_buffer"]

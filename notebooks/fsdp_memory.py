@@ -14,7 +14,7 @@ from matplotlib.patches import ConnectionPatch, Rectangle
 from ddp_scripts.fit.memory_plan import (PARTS, PEAK_STRATEGIES, STATES_PER_PARAMETER,
                                                STRATEGIES, peak_agrees, peak_plan, plan)
 from ddp_scripts.fit.memory_run import fake_peaks
-from ddp_scripts.checkpoints import identical  # noqa: F401 (the chapter imports it from here)
+from ddp_scripts.out_dir import identical  # noqa: F401 (the chapter imports it from here)
 from ddp_scripts.sharding import WideMLP
 from notebooks.figures import colour, stacked_bars, tensor_grid
 

@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from ddp_scripts.checkpoints import write_atomically
+from ddp_scripts.out_dir import write_atomically
 from ddp_scripts.cli import UsageError, first_line, run_cli
 from ddp_scripts.mishaps import cannot_write
 from ddp_scripts.cifar10 import cifar10_tensors

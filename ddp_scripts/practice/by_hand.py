@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_scripts.checkpoints import identical
+from ddp_scripts.out_dir import identical
 from ddp_scripts.practice.group import all_equal, gather, largest_difference, main
 
 STEPS, BATCH, LR = 20, 16, 0.05

@@ -1,6 +1,6 @@
 """The plumbing every practice program shares: join the group, gather, write the results.
 
-Imported as `ddp_scripts.practice.group` by the programs beside it (after their bootstrap).
+Imported as `ddp_scripts.practice.group` by the programs beside it.
 """
 import argparse
 import contextlib
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_scripts.checkpoints import write_atomically
+from ddp_scripts.out_dir import write_atomically
 from ddp_scripts.ranks import leave_process_group
 
 

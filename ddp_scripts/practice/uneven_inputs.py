@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_scripts.checkpoints import write_atomically
+from ddp_scripts.out_dir import write_atomically
 from ddp_scripts.practice.by_hand import fingerprint, make_model, my_batches, train_by_hand
 from ddp_scripts.practice.group import all_equal, counting_all_reduces, gather, main
 

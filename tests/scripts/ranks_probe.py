@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_scripts import checkpoints, cifar10, cli, data, options, ranks
+from ddp_scripts import out_dir, cifar10, cli, data, options, ranks
 
 out = Path(sys.argv[1])
 device = torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")  # "cuda": one GPU per rank
@@ -27,13 +27,13 @@ seen = {"rank": rank}
 args = options.build_parser("probe").parse_args(
     ["--out", str(out / f"rank{rank}"), "--dataset", "synthetic", "--resume", "--epochs", "4",
      "--batch-size", "16"])  # as the checkpoint was trained: a global batch of 32
-checkpoint = ranks.on_rank_0(checkpoints.prepare_out_dir, args)
+checkpoint = ranks.on_rank_0(out_dir.prepare_out_dir, args)
 seen["resumes_after_epoch"] = None if checkpoint is None else checkpoint["epoch"]
 
 # 2. Bad input found by rank 0 reaches every rank as the same one-line error.
 overwrite = options.build_parser("probe").parse_args(["--out", str(out / "rank0"), "--dataset", "synthetic"])
 try:
-    ranks.on_rank_0(checkpoints.prepare_out_dir, overwrite)
+    ranks.on_rank_0(out_dir.prepare_out_dir, overwrite)
 except cli.UsageError as error:
     seen["refused"] = str(error)
 

@@ -21,7 +21,7 @@ import torch
 
 from ddp_scripts.options import build_parser
 from ddp_scripts.models import build_model
-from ddp_scripts.checkpoints import append_metrics, save_checkpoint
+from ddp_scripts.out_dir import append_metrics, save_checkpoint
 from ddp_scripts.launcher import run_command, torchrun_command
 from ddp_scripts.mistakes.faults import saved_epoch_done, workers_of
 from helpers import ROOT, assert_one_line_error

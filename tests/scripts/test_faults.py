@@ -24,7 +24,7 @@ import torch
 
 from ddp_scripts.options import build_parser
 from ddp_scripts.models import build_model
-from ddp_scripts.checkpoints import append_metrics, prepare_out_dir, save_checkpoint, start_out_dir
+from ddp_scripts.out_dir import append_metrics, prepare_out_dir, save_checkpoint, start_out_dir
 from ddp_scripts.resume import load_checkpoint
 from ddp_scripts.launcher import (LaunchError, LaunchTimeout, free_port, run_command,
                                   run_script, torchrun_command)
@@ -107,7 +107,7 @@ def test_crash_during_a_save_leaves_the_last_checkpoint_whole(tmp_path):
     before = (tmp_path / CHECKPOINT).read_bytes()
     crash = f"""
 import io, os, signal, sys, torch
-from ddp_scripts import checkpoints, models, options
+from ddp_scripts import out_dir, models, options
 real_save = torch.save
 
 def save_half_then_die(obj, f):
@@ -121,7 +121,7 @@ torch.save = save_half_then_die
 args = options.build_parser("crash").parse_args(["--out", {str(tmp_path)!r}, "--dataset", "synthetic"])
 model = models.build_model(seed=1)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-checkpoints.save_checkpoint({str(tmp_path)!r}, model, optimizer, 2, args)
+out_dir.save_checkpoint({str(tmp_path)!r}, model, optimizer, 2, args)
 """
     result = subprocess.run([sys.executable, "-c", crash], cwd=ROOT, capture_output=True, timeout=300)
     assert result.returncode == -signal.SIGKILL, result.stderr.decode()[-2000:]

@@ -179,7 +179,7 @@ def test_right_case_one_seed_everywhere_gives_rank_0s_layer():
 
 
 def test_planted_a_checkpoint_read_too_early_is_not_the_one_written():
-    from ddp_scripts.checkpoints import identical
+    from ddp_scripts.out_dir import identical
     from ddp_scripts.practice.by_hand import make_model
     written = make_model().state_dict()
     older = {name: tensor + 1 for name, tensor in written.items()}   # a previous run's file
@@ -188,7 +188,7 @@ def test_planted_a_checkpoint_read_too_early_is_not_the_one_written():
 
 
 def test_right_case_the_checkpoint_read_is_the_one_written():
-    from ddp_scripts.checkpoints import identical
+    from ddp_scripts.out_dir import identical
     from ddp_scripts.practice.by_hand import make_model
     written = make_model().state_dict()
     read = {name: tensor.clone() for name, tensor in written.items()}
@@ -196,14 +196,14 @@ def test_right_case_the_checkpoint_read_is_the_one_written():
 
 
 def test_planted_a_negative_zero_is_not_the_zero_written():
-    from ddp_scripts.checkpoints import identical
+    from ddp_scripts.out_dir import identical
     written = {"w": torch.zeros(3, dtype=torch.float64)}
     assert torch.equal(-written["w"], written["w"])   # equal as numbers, not as bits
     assert not identical({"w": -written["w"]}, written)
 
 
 def test_right_case_a_nan_read_back_with_the_same_bits_is_the_one_written():
-    from ddp_scripts.checkpoints import identical
+    from ddp_scripts.out_dir import identical
     written = {"w": torch.tensor([1.0, float("nan")], dtype=torch.float64)}
     read = {"w": written["w"].clone()}
     assert not torch.equal(read["w"], written["w"])   # NaN != NaN as numbers

@@ -191,7 +191,7 @@ def ddp_scripts_imports(path):
 @pytest.mark.parametrize("script", ["train_single.py", "train_ddp.py", "train_fsdp.py"])
 def test_every_module_a_script_reads_from_is_short(script):
     """The plumbing is in rooms named for what they hold (cli, options, devices, data, models,
-    checkpoints, report, ranks; sharding and fsdp_out for FSDP): a reader who wants to know how
+    out_dir, resume, ranks; sharding and fsdp_out_dir for FSDP): a reader who wants to know how
     a script loads its data opens a short file. Followed through the modules' own imports."""
     seen, todo = set(), ddp_scripts_imports(SCRIPTS / script)
     while todo:

@@ -23,9 +23,9 @@ import pytest
 import torch
 from torch.distributed.checkpoint import CheckpointException
 
-from ddp_scripts import checkpoints, fsdp_out, runfiles
+from ddp_scripts import out_dir, fsdp_out_dir, runfiles
 from ddp_scripts.measure import benchmark
-from ddp_scripts.checkpoints import prepare_out_dir, start_out_dir, write_atomically
+from ddp_scripts.out_dir import prepare_out_dir, start_out_dir, write_atomically
 from ddp_scripts.devices import set_cpu_threads
 from ddp_scripts.cli import NothingToDo, RunStopped, UsageError, let_go_of_folders
 from ddp_scripts.mistakes.faults import processes_mentioning
@@ -57,7 +57,7 @@ def files_in(out):
     """Every file in OUT and its bytes: what a refused or empty run must leave as it was
     (besides the empty file that it claimed OUT by)."""
     return {path.name: path.read_bytes() for path in Path(out).iterdir()
-            if path.is_file() and path.name != checkpoints.LOCK}
+            if path.is_file() and path.name != out_dir.LOCK}
 
 
 # --- The folder ----------------------------------------------------------------------------
@@ -105,7 +105,7 @@ def test_a_second_run_into_a_held_folder_is_refused(finished, tmp_path):
     """While a run holds OUT (its flock), another run into it, --overwrite or not, stops."""
     out = copy_of(finished, tmp_path)
     before = files_in(out)
-    holder = os.open(out / checkpoints.LOCK, os.O_RDWR | os.O_CREAT)
+    holder = os.open(out / out_dir.LOCK, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the first run holds it
         for extra in ([], ["--overwrite"], ["--resume", "--epochs", "3"]):
@@ -123,7 +123,7 @@ def test_a_run_lets_go_of_its_folder_even_when_it_fails(tmp_path):
     out = tmp_path / "run"
     failed = run_in_process("train_single.py", *RUN, "--lr", "1e30", "--out", out)
     assert failed.returncode == 1 and "the loss became nan" in failed.stderr
-    assert not (out / checkpoints.LOCK).exists()  # removed as the run let go
+    assert not (out / out_dir.LOCK).exists()  # removed as the run let go
 
 
 def test_a_refused_run_leaves_a_folder_as_it_found_it(finished, tmp_path):
@@ -143,7 +143,7 @@ def test_a_lock_removed_while_it_was_taken_is_taken_again(tmp_path, monkeypatch)
     """A run that lets go removes OUT/.lock: a run that opened the old file just before must
     not hold that one (a third run would make a new file and hold it too). It sees the file
     is gone, and takes the new one."""
-    lock = tmp_path / checkpoints.LOCK
+    lock = tmp_path / out_dir.LOCK
     real_flock, calls = fcntl.flock, []
 
     def flock_then_let_go(descriptor, operation):
@@ -151,8 +151,8 @@ def test_a_lock_removed_while_it_was_taken_is_taken_again(tmp_path, monkeypatch)
         calls.append(descriptor)
         if len(calls) == 1:
             lock.unlink()  # the holder's let-go, between this run's open and its flock
-    monkeypatch.setattr(checkpoints.fcntl, "flock", flock_then_let_go)
-    descriptor = checkpoints.hold(lock)
+    monkeypatch.setattr(out_dir.fcntl, "flock", flock_then_let_go)
+    descriptor = out_dir.hold(lock)
     try:
         assert len(calls) == 2 and os.path.samestat(os.fstat(descriptor), os.stat(lock))
     finally:
@@ -163,13 +163,13 @@ def test_a_run_that_lets_go_leaves_another_run_s_lock_file(tmp_path):
     """OUT/.lock removed by hand while a run held it, and a new one made and held by another
     run: the first run's end leaves the new file alone."""
     out = tmp_path / "run"
-    checkpoints.claim_out_dir(out)
-    (out / checkpoints.LOCK).unlink()  # by hand
-    other = os.open(out / checkpoints.LOCK, os.O_RDWR | os.O_CREAT)
+    out_dir.claim_out_dir(out)
+    (out / out_dir.LOCK).unlink()  # by hand
+    other = os.open(out / out_dir.LOCK, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the other run's
         let_go_of_folders()
-        assert (out / checkpoints.LOCK).exists()
+        assert (out / out_dir.LOCK).exists()
     finally:
         os.close(other)
 
@@ -192,10 +192,10 @@ def test_a_run_that_stops_early_leaves_its_process_group(tmp_path):
 def test_someone_else_s_lock_file_is_left_where_it_was(tmp_path):
     """A .lock with content in OUT is not a lock these scripts made: the run holds it, and
     leaves it."""
-    (tmp_path / checkpoints.LOCK).write_text("someone's lock")
+    (tmp_path / out_dir.LOCK).write_text("someone's lock")
     result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", tmp_path)
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / checkpoints.LOCK).read_text() == "someone's lock"
+    assert (tmp_path / out_dir.LOCK).read_text() == "someone's lock"
 
 
 def test_an_overwrite_leaves_no_sharded_checkpoint_of_the_run_it_replaced(tmp_path):
@@ -225,11 +225,11 @@ def test_a_folder_removed_between_its_making_and_its_lock_is_made_again(tmp_path
             opened.append(path)
             os.rmdir(out)  # the other run's end, between this run's mkdir and its open
         return real_open(path, *args)
-    monkeypatch.setattr(checkpoints.os, "open", open_after_it_went)
-    checkpoints.claim_out_dir(out)
+    monkeypatch.setattr(out_dir.os, "open", open_after_it_went)
+    out_dir.claim_out_dir(out)
     monkeypatch.undo()
     try:
-        assert (out / checkpoints.LOCK).exists()
+        assert (out / out_dir.LOCK).exists()
     finally:
         let_go_of_folders()
 
@@ -237,9 +237,9 @@ def test_a_folder_removed_between_its_making_and_its_lock_is_made_again(tmp_path
 @pytest.mark.parametrize("lock", ["a link into a folder that is not there", "a folder"])
 def test_a_lock_that_cannot_be_opened_is_one_line(tmp_path, lock):
     if lock == "a folder":
-        (tmp_path / checkpoints.LOCK).mkdir()
+        (tmp_path / out_dir.LOCK).mkdir()
     else:
-        (tmp_path / checkpoints.LOCK).symlink_to(tmp_path / "nowhere" / "x")
+        (tmp_path / out_dir.LOCK).symlink_to(tmp_path / "nowhere" / "x")
     result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", tmp_path)
     assert_one_line_error(result, f"--out {tmp_path} cannot be written")
 
@@ -251,11 +251,11 @@ def test_a_save_that_fails_for_another_reason_keeps_its_context(tmp_path, monkey
             raise KeyError("inner")
         except KeyError:
             raise ValueError("not the disk")  # noqa: B904 (its context is the point)
-    monkeypatch.setattr(checkpoints, "save_checkpoint", broken_save)
+    monkeypatch.setattr(out_dir, "save_checkpoint", broken_save)
     args = build_parser("test").parse_args(["--out", str(tmp_path)])
     totals = torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64)
     with pytest.raises(ValueError) as raised:
-        checkpoints.save_epoch(args, 1, None, None, totals, torch.tensor([1.0, 1.0, 2.0]), 1.0, {})
+        out_dir.save_epoch(args, 1, None, None, totals, torch.tensor([1.0, 1.0, 2.0]), 1.0, {})
     assert isinstance(raised.value.__context__, KeyError) and not raised.value.__suppress_context__
 
 
@@ -284,7 +284,7 @@ def test_a_new_run_removes_only_the_temporary_files_of_its_own_kind(tmp_path):
     args = build_parser("test").parse_args(["--out", str(tmp_path)])
     start_out_dir(args, prepare_out_dir(args))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        ".env.tmpl", checkpoints.LOCK, ".metrics.jsonl.tmpl", ".notes.tmp", "data.csv", METRICS]
+        ".env.tmpl", out_dir.LOCK, ".metrics.jsonl.tmpl", ".notes.tmp", "data.csv", METRICS]
 
 
 def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path):
@@ -358,14 +358,14 @@ def test_a_resume_on_another_number_of_ranks_keeps_the_global_batch(finished, tm
     """Saved by 1 rank of 32; resumed by 2 ranks: 2 x 32 is refused, 2 x 16 continues. On 3
     ranks no batch size gives 32: run it on 1."""
     out = copy_of(finished, tmp_path)
-    monkeypatch.setattr(checkpoints, "world_size", lambda: 2)
+    monkeypatch.setattr(out_dir, "world_size", lambda: 2)
     parse = build_parser("test").parse_args
     with pytest.raises(UsageError, match=r"global batch of 32 \(1 rank\(s\) of 32\) and this "
                                          r"run's is 64: pass --batch-size 16 to continue it on 2"):
         prepare_out_dir(parse([*RUN, "--epochs", "3", "--resume", "--out", str(out)]))
     args = parse([*RUN, "--epochs", "3", "--batch-size", "16", "--resume", "--out", str(out)])
     assert prepare_out_dir(args)["epoch"] == 2
-    monkeypatch.setattr(checkpoints, "world_size", lambda: 3)  # 32 does not split over 3 ranks
+    monkeypatch.setattr(out_dir, "world_size", lambda: 3)  # 32 does not split over 3 ranks
     with pytest.raises(UsageError, match=r"and this run's is 48: run it on 1 rank\(s\), or "
                                          "--overwrite"):
         prepare_out_dir(args)
@@ -530,7 +530,7 @@ def test_a_folder_with_only_an_empty_log_is_not_a_run(tmp_path):
 
 def test_a_crash_before_the_first_checkpoint_starts_again(tmp_path):
     """Epoch 1 logged, its checkpoint never written: nothing is lost by training it again."""
-    checkpoints.append_metrics(tmp_path, {"epoch": 1})
+    out_dir.append_metrics(tmp_path, {"epoch": 1})
     result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--resume", "--out", tmp_path)
     assert result.returncode == 0, result.stderr
     assert logged_epochs(tmp_path) == [1] and (tmp_path / CHECKPOINT).exists()
@@ -541,13 +541,13 @@ def test_fsdp_killed_before_its_first_save_starts_again(tmp_path, capsys):
     other scripts do, a resume says so and trains from epoch 1; with 2 epochs logged, refused."""
     args = build_parser("test").parse_args(["--out", str(tmp_path), "--resume", "--epochs", "3"])
     args.width, args.depth = 8, 2  # train_fsdp.py's options
-    checkpoints.append_metrics(tmp_path, {"epoch": 1, "strategy": "fsdp"})
-    assert fsdp_out.prepare_out_dir(args, 32) is None
+    out_dir.append_metrics(tmp_path, {"epoch": 1, "strategy": "fsdp"})
+    assert fsdp_out_dir.prepare_out_dir(args, 32) is None
     assert "holds epoch 1 but not its checkpoint.dcp (cut short before it was saved): " \
            "training from epoch 1 again" in capsys.readouterr().out
-    checkpoints.append_metrics(tmp_path, {"epoch": 2, "strategy": "fsdp"})
+    out_dir.append_metrics(tmp_path, {"epoch": 2, "strategy": "fsdp"})
     with pytest.raises(UsageError, match=r"holds epochs \[1, 2\] but no sharded checkpoint"):
-        fsdp_out.prepare_out_dir(args, 32)
+        fsdp_out_dir.prepare_out_dir(args, 32)
 
 
 def test_the_sharded_checkpoint_is_held_to_the_same_rules(tmp_path):
@@ -555,26 +555,26 @@ def test_the_sharded_checkpoint_is_held_to_the_same_rules(tmp_path):
     args.width, args.depth = 8, 2  # train_fsdp.py's options
     folder = tmp_path / SHARDED_CHECKPOINT
     folder.mkdir()
-    info = {"epoch": 2, "identity": fsdp_out.sharded_identity(args), "lr": 0.01, "momentum": 0.9,
+    info = {"epoch": 2, "identity": fsdp_out_dir.sharded_identity(args), "lr": 0.01, "momentum": 0.9,
             "world_size": 1, "global_batch_size": 32}
-    (folder / fsdp_out.CHECKPOINT_INFO).write_text(json.dumps(info))
+    (folder / fsdp_out_dir.CHECKPOINT_INFO).write_text(json.dumps(info))
     with pytest.raises(UsageError, match="lacks epoch 1: the checkpoint"):  # the log lost
-        fsdp_out.prepare_out_dir(args, 32)
+        fsdp_out_dir.prepare_out_dir(args, 32)
     (tmp_path / METRICS).write_text('{"epoch": 1}\n{"epoch": 2}\n')
-    assert fsdp_out.prepare_out_dir(args, 32)["epoch"] == 2
+    assert fsdp_out_dir.prepare_out_dir(args, 32)["epoch"] == 2
     args.lr = 5.0
     with pytest.raises(UsageError, match="was trained with --lr 0.01 and this run asks for 5.0"):
-        fsdp_out.prepare_out_dir(args, 32)
+        fsdp_out_dir.prepare_out_dir(args, 32)
     args.epochs = 2
     with pytest.raises(NothingToDo, match="is at epoch 2, and --epochs is 2: nothing to train"):
-        fsdp_out.prepare_out_dir(args, 32)
+        fsdp_out_dir.prepare_out_dir(args, 32)
 
 
 def test_a_damaged_shard_names_the_first_rank_s_exception():
     error = CheckpointException("load failed", {
         1: (OSError("other"), None), 0: (ValueError("short read in __0_0.distcp\nmore"), None)})
-    assert fsdp_out.first_failure(error) == "rank 0: ValueError: short read in __0_0.distcp"
-    assert fsdp_out.first_failure(CheckpointException("", {0: (EOFError(), None)})) == \
+    assert fsdp_out_dir.first_failure(error) == "rank 0: ValueError: short read in __0_0.distcp"
+    assert fsdp_out_dir.first_failure(CheckpointException("", {0: (EOFError(), None)})) == \
         "rank 0: EOFError"
 
 
@@ -587,10 +587,10 @@ def test_a_shard_that_cannot_be_read_is_named_however_long_its_folder(tmp_path, 
     def missing_shard(state, checkpoint_id):
         raise CheckpointException("load failed", {0: (FileNotFoundError(
             2, "No such file or directory", str(folder / "__0_0.distcp")), None)})
-    monkeypatch.setattr(fsdp_out.dcp, "load", missing_shard)
-    monkeypatch.setattr(fsdp_out, "get_state_dict", lambda model, optimizer: ({}, {}))
+    monkeypatch.setattr(fsdp_out_dir.dcp, "load", missing_shard)
+    monkeypatch.setattr(fsdp_out_dir, "get_state_dict", lambda model, optimizer: ({}, {}))
     with pytest.raises(UsageError) as refused:
-        fsdp_out.resume_from({"epoch": 1, "world_size": 1}, None, None, folder.parent)
+        fsdp_out_dir.resume_from({"epoch": 1, "world_size": 1}, None, None, folder.parent)
     assert "__0_0.distcp" in str(refused.value) and "[...]" not in str(refused.value), refused.value
 
 
@@ -726,7 +726,7 @@ def test_sigterm_to_torchrun_reaches_every_worker_and_keeps_the_files(tmp_path):
     assert "SignalException" in output  # torchrun's own
     epoch = load_checkpoint(out / CHECKPOINT)["epoch"]
     assert epoch >= 1 and logged_epochs(out)[:epoch] == list(range(1, epoch + 1))
-    assert not (out / SUMMARY).exists() and not (out / checkpoints.LOCK).exists()
+    assert not (out / SUMMARY).exists() and not (out / out_dir.LOCK).exists()
     assert processes_mentioning(str(out)) == []  # torchrun has ended its workers
 
 
@@ -926,7 +926,7 @@ def test_an_overwrite_that_stops_in_epoch_1_leaves_no_old_checkpoint(finished, t
 
 def test_a_finished_1_epoch_run_without_its_checkpoint_is_refused(tmp_path):
     """Epoch 1 and run.json: a finished run, not a crash before its first checkpoint."""
-    checkpoints.append_metrics(tmp_path, {"epoch": 1})
+    out_dir.append_metrics(tmp_path, {"epoch": 1})
     (tmp_path / SUMMARY).write_text("{}")
     before = files_in(tmp_path)
     result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", tmp_path)
@@ -960,9 +960,9 @@ def test_a_resume_on_other_data_than_the_epochs_kept_is_refused(finished, tmp_pa
 def _fsdp_folder(out, epoch, args):
     folder = out / SHARDED_CHECKPOINT
     folder.mkdir(parents=True)
-    info = {"epoch": epoch, "identity": fsdp_out.sharded_identity(args), "lr": 0.01,
+    info = {"epoch": epoch, "identity": fsdp_out_dir.sharded_identity(args), "lr": 0.01,
             "momentum": 0.9, "world_size": 1, "global_batch_size": 32}
-    (folder / fsdp_out.CHECKPOINT_INFO).write_text(json.dumps(info))
+    (folder / fsdp_out_dir.CHECKPOINT_INFO).write_text(json.dumps(info))
 
 
 def test_fsdp_and_the_other_scripts_do_not_resume_each_other_s_runs(finished, tmp_path):
@@ -970,11 +970,11 @@ def test_fsdp_and_the_other_scripts_do_not_resume_each_other_s_runs(finished, tm
     args = build_parser("test").parse_args([*RUN, "--resume", "--epochs", "4", "--out", str(out)])
     args.width, args.depth = 8, 2
     with pytest.raises(UsageError, match=r"holds a run of another script \(single"):
-        fsdp_out.prepare_out_dir(args, 32)
+        fsdp_out_dir.prepare_out_dir(args, 32)
     _fsdp_folder(out, 1, args)  # checkpoint.pt and metrics trained on past the sharded epoch 1
     with pytest.raises(UsageError, match=r"trained on to epoch 2 by another script, past its "
                                          r"checkpoint.dcp \(epoch 1\)"):
-        fsdp_out.prepare_out_dir(args, 32)
+        fsdp_out_dir.prepare_out_dir(args, 32)
     result = run_in_process("train_single.py", *RUN, "--epochs", "3", "--resume", "--out", out)
     assert_one_line_error(result, "holds a train_fsdp.py run (checkpoint.dcp): resume it with "
                                   "train_fsdp.py")
@@ -984,9 +984,9 @@ def test_fsdp_s_whole_checkpoint_records_how_it_was_trained(tmp_path, monkeypatc
     args = build_parser("test").parse_args([*RUN, "--out", str(tmp_path)])
     args.width, args.depth = 8, 2
     _fsdp_folder(tmp_path, 2, args)
-    monkeypatch.setattr(fsdp_out, "full_state", lambda model, optimizer: ({}, {}))
-    monkeypatch.setattr(fsdp_out.dist, "get_rank", lambda: 0)
-    fsdp_out.export_full_checkpoint(args, None, None)
+    monkeypatch.setattr(fsdp_out_dir, "full_state", lambda model, optimizer: ({}, {}))
+    monkeypatch.setattr(fsdp_out_dir.dist, "get_rank", lambda: 0)
+    fsdp_out_dir.export_full_checkpoint(args, None, None)
     trained = torch.load(tmp_path / CHECKPOINT, weights_only=True)["trained"]
     assert trained["global_batch_size"] == 32 and trained["train_samples"] == 512
 
@@ -995,9 +995,9 @@ def test_the_claim_is_a_lock_on_a_file_which_network_disks_share(tmp_path, monke
     """NFS shares a file's flock between its clients, not a folder's; no lock at all (flock
     refused: ENOLCK) is said in one line, and the run goes on."""
     out = tmp_path / "run"
-    checkpoints.claim_out_dir(out)
+    out_dir.claim_out_dir(out)
     try:
-        with open(out / checkpoints.LOCK, "w") as other:
+        with open(out / out_dir.LOCK, "w") as other:
             with pytest.raises(BlockingIOError):
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
@@ -1005,8 +1005,8 @@ def test_the_claim_is_a_lock_on_a_file_which_network_disks_share(tmp_path, monke
 
     def no_locks(descriptor, operation):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
-    monkeypatch.setattr(checkpoints.fcntl, "flock", no_locks)
-    checkpoints.claim_out_dir(tmp_path / "other")
+    monkeypatch.setattr(out_dir.fcntl, "flock", no_locks)
+    out_dir.claim_out_dir(tmp_path / "other")
     let_go_of_folders()
     assert capsys.readouterr().out == (f"[rank 0] {tmp_path / 'other'} cannot be locked (No locks "
                                        "available): nothing stops another run from writing there\n")
@@ -1017,23 +1017,23 @@ def test_letting_go_removes_only_the_folders_the_claim_made(tmp_path):
     """An --out written with `..` names folders that are not its parents: an empty one that
     was there stays; "new", which the claim made to get through it, goes."""
     (tmp_path / "existing").mkdir()
-    checkpoints.claim_out_dir(tmp_path / "new" / ".." / "existing" / ".." / "made" / "run")
+    out_dir.claim_out_dir(tmp_path / "new" / ".." / "existing" / ".." / "made" / "run")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["existing", "made", "new"]
     (tmp_path / "made" / "run" / "metrics.jsonl").write_text("")  # the script wrote there
     let_go_of_folders()
     assert sorted(path.name for path in tmp_path.iterdir()) == ["existing", "made"]
-    checkpoints.claim_out_dir(tmp_path / "existing" / ".." / "empty")
+    out_dir.claim_out_dir(tmp_path / "existing" / ".." / "empty")
     let_go_of_folders()  # nothing written: the folder it made goes, "existing" stays
     assert sorted(path.name for path in tmp_path.iterdir()) == ["existing", "made"]
 
 def test_a_run_json_that_cannot_be_written_says_the_training_is_saved(tmp_path, monkeypatch):
-    real = checkpoints.write_atomically
+    real = out_dir.write_atomically
 
     def full_disk_for_the_summary(path, write, mode="wb"):
         if Path(path).name != SUMMARY:
             return real(path, write, mode)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(checkpoints, "write_atomically", full_disk_for_the_summary)
+    monkeypatch.setattr(out_dir, "write_atomically", full_disk_for_the_summary)
     result = run_in_process("train_single.py", *RUN, "--epochs", "1", "--out", tmp_path)
     assert result.returncode == 1 and result.stderr.splitlines() == [
         f"error: cannot write {SUMMARY} in {tmp_path} (No space left on device); the training "
@@ -1053,13 +1053,13 @@ def test_a_sharded_save_that_fails_says_what_was_kept(tmp_path, monkeypatch):
         (Path(checkpoint_id) / "__0_0.distcp").write_bytes(b"half")
         raise CheckpointException("save", {0: (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
                                                None)})
-    monkeypatch.setattr(fsdp_out.dcp, "save", full_disk)
-    monkeypatch.setattr(fsdp_out, "get_state_dict", lambda model, optimizer: ({}, {}))
-    monkeypatch.setattr(fsdp_out, "bytes_per_rank", lambda *held: {})
-    monkeypatch.setattr(fsdp_out.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(fsdp_out_dir.dcp, "save", full_disk)
+    monkeypatch.setattr(fsdp_out_dir, "get_state_dict", lambda model, optimizer: ({}, {}))
+    monkeypatch.setattr(fsdp_out_dir, "bytes_per_rank", lambda *held: {})
+    monkeypatch.setattr(fsdp_out_dir.dist, "get_rank", lambda: 0)
     totals = torch.tensor([1.0, 4.0, 1.0], dtype=torch.float64)
     with pytest.raises(RunStopped) as stopped:
-        fsdp_out.save_epoch(args, 2, None, None, totals, totals, 1.0,
+        fsdp_out_dir.save_epoch(args, 2, None, None, totals, totals, 1.0,
                             {"device": "cpu", "global_batch_size": 32})
     assert str(stopped.value) == (f"cannot save epoch 2 in {tmp_path} (No space left on device); "
                                   f"{SHARDED_CHECKPOINT} of epoch 1 is whole: --resume continues "

@@ -26,8 +26,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, get_state_dict,
                                                      set_state_dict)
 
-from ddp_scripts import checkpoints
-from ddp_scripts.checkpoints import (append_metrics, claim_out_dir, epoch_record, run_identity,
+from ddp_scripts import out_dir
+from ddp_scripts.out_dir import (append_metrics, claim_out_dir, epoch_record, run_identity,
                                     training_settings, write_atomically)
 from ddp_scripts.cli import UsageError, first_line, say
 from ddp_scripts.resume import (check_same_training, load_checkpoint, metrics_to_keep,
@@ -52,11 +52,11 @@ def sharded_identity(args):
 
 def prepare_out_dir(args, global_batch_size):
     """Check OUT before any work starts; returns what the sharded checkpoint holds (epoch,
-    identity, world size, global batch), or None. Claims OUT first (checkpoints.claim_out_dir);
+    identity, world size, global batch), or None. Claims OUT first (out_dir.claim_out_dir);
     rank 0 calls it (on_rank_0)."""
     out = Path(args.out)
     claim_out_dir(out)
-    checkpoints.refuse_odd_files(out)
+    out_dir.refuse_odd_files(out)
     if holds_a_run(out) and not (args.resume or args.overwrite):
         raise UsageError(f"{out} already holds a run; pass --resume to continue it, "
                          "--overwrite to replace it, or choose another --out")
@@ -116,14 +116,14 @@ def refuse_if_trained_on_since(out, epoch):
 
 
 def start_out_dir(args, checkpoint):
-    """checkpoints.py's start_out_dir (metrics kept up to the checkpoint's epoch), and no sharded
+    """out_dir.py's start_out_dir (metrics kept up to the checkpoint's epoch), and no sharded
     checkpoint but the one resumed from. checkpoint.pt goes: it is the end of a finished run."""
-    checkpoints.start_out_dir(args, checkpoint)
+    out_dir.start_out_dir(args, checkpoint)
     out = Path(args.out)
     (out / CHECKPOINT).unlink(missing_ok=True)
     stale = [".next", ".old"] + ([""] if checkpoint is None else [])
     for suffix in stale:  # a save cut short, or the checkpoint of a run now overwritten
-        checkpoints.remove(out / (SHARDED_CHECKPOINT + suffix))
+        out_dir.remove(out / (SHARDED_CHECKPOINT + suffix))
 
 
 def resume_from(checkpoint, model, optimizer, out):
