@@ -27,9 +27,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 
 from ddp_scripts import out_dir
-from ddp_scripts.out_dir import (append_metrics, claim_out_dir, epoch_record, run_identity,
-                                    training_settings, write_atomically)
 from ddp_scripts.cli import UsageError, first_line, say
+from ddp_scripts.out_dir import (append_metrics, claim_out_dir, epoch_record, run_identity,
+                                 training_settings, write_atomically)
 from ddp_scripts.resume import (check_same_training, load_checkpoint, metrics_to_keep,
                                 stop_if_nothing_to_do)
 from ddp_scripts.runfiles import (CHECKPOINT, SHARDED_CHECKPOINT, SUMMARY, holds_a_run,

@@ -1,5 +1,6 @@
 """The models the scripts train, built alike in every process (build_model), and their test;
 and a GPT-style decoder (Decoder) that chapter 11 and `python -m ddp_scripts.fit` ask about.
+train_fsdp.py's third model, a wide MLP, is in sharding.py, with what shows its shards.
 
 cnn is the CNN of PyTorch's CIFAR-10 tutorial (Net); resnet18 is ResNet-18 as CIFAR-10 papers
 use it. evaluate() sums the loss and the correct predictions over a test loader.

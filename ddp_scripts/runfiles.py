@@ -1,8 +1,8 @@
-"""What a run leaves behind, named once and read here: the files in --out, and a failed
-rank's error file (written here too).
+"""What a run leaves behind, named once: the files in --out, and a failed rank's error file,
+which this module writes and reads.
 
 out_dir.py and fsdp_out_dir.py write the files in --out; the launcher, the benchmark, the
-notebooks and the tests read them with this module. Nothing here imports torch, so the
+notebooks and the tests read the metrics with this module. Nothing here imports torch, so the
 launcher stays quick to import.
 
     OUT/metrics.jsonl   one JSON object per finished epoch (the last line may be cut short

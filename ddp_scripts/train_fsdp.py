@@ -20,7 +20,7 @@ from ddp_scripts.options import check_args  # FSDP: sharding.parse_args instead 
 from ddp_scripts.devices import pick_device, set_cpu_threads, set_precision, synchronize
 from ddp_scripts.data import check_batch_fits, load_datasets, make_loader
 from ddp_scripts.models import evaluate  # FSDP: sharding.build_fsdp_model instead of build_model
-from ddp_scripts import fsdp_out_dir, sharding  # FSDP: its shards, their checkpoints
+from ddp_scripts import fsdp_out_dir, sharding  # FSDP: its run folder, its shards
 from ddp_scripts.out_dir import run_context, stop_if_loss_not_finite, write_summary
 from ddp_scripts.ranks import average_buffers, init_process_group, leave_process_group  # DDP
 from ddp_scripts.ranks import on_rank_0, reduce_sum, require_torchrun  # DDP
@@ -115,7 +115,7 @@ def main():
         test_totals = reduce_sum(evaluate(model, test_loader, device))  # FSDP
         # FSDP: every rank saves its shards; rank 0 logs the epoch
         fsdp_out_dir.save_epoch(args, epoch, model, optimizer, train_totals, test_totals,  # FSDP
-                            epoch_time, context)
+                                epoch_time, context)
         if epoch == args.stop_after_epoch:
             say(f"stopping after epoch {epoch} as asked (--stop-after-epoch)")
             break

@@ -1,19 +1,44 @@
 """MAINTAINING.md's layout table names every file a maintainer looks for: each module of the
-package and of the book's tooling, each helper of the notebooks and of the tests, and each
-test folder. A file added and left out of the table fails here, by name."""
+package (chapter 9's programs are named by their chapter), of the book's tooling, extensions
+and theme, each helper of the notebooks and of the tests, each probe the tests run, and each
+folder of the package and of the tests. A tracked file left out of the table fails here, by
+name.
+
+A row names a file by its path, or by a path relative to the row's own folder, the folder of
+the first path in its first cell: in the row of `ddp_scripts/fit/`, `trace.py` is
+ddp_scripts/fit/trace.py, and `fit` alone names no folder in another row."""
 import fnmatch
 import re
+import subprocess
 
 from helpers import ROOT
 
-# What the table must name: the training scripts' plumbing and its folders, the notebooks'
-# helpers, the book's tooling and theme, the tests' shared helpers, probes and folders.
-# Chapter 9's programs (ddp_scripts/practice/) are named by their chapter, not here.
+# What the table must name, as patterns of tracked paths, one folder per `*`.
 LOOKED_FOR = ["ddp_scripts/*.py", "ddp_scripts/*.sbatch", "ddp_scripts/*/", "ddp_scripts/recorders/*.py",
               "ddp_scripts/measure/*.py", "ddp_scripts/fit/*.py", "ddp_scripts/mistakes/*.py",
-              "notebooks/*.py", "book/tools/*.py", "book/extensions/*", "book/theme/*", "tests/*.py",
-              "tests/*/", "tests/*/*_probe.py"]
-NOT_LOOKED_FOR = {"__init__.py", "__main__.py", "__pycache__"}
+              "notebooks/*.py", "book/tools/*.py", "book/extensions/*", "book/extensions/*/",
+              "book/theme/*", "tests/*.py", "tests/*/", "tests/*/*_probe.py"]
+NOT_LOOKED_FOR = {"__init__.py", "__main__.py"}
+
+
+def matches(path, pattern):
+    """Whether `path` matches `pattern` folder by folder (a `*` stays inside one folder)."""
+    parts, pattern_parts = path.rstrip("/").split("/"), pattern.rstrip("/").split("/")
+    return len(parts) == len(pattern_parts) and all(map(fnmatch.fnmatchcase, parts, pattern_parts))
+
+
+def looked_for(tracked):
+    """The files and folders (ending in /) among the tracked paths `tracked` that the table
+    must name."""
+    found = set()
+    for path in tracked:
+        parts = path.split("/")
+        folders = ["/".join(parts[:depth]) + "/" for depth in range(1, len(parts))]
+        for candidate in [path, *folders]:
+            if any(matches(candidate, pattern) and candidate.endswith("/") == pattern.endswith("/")
+                   for pattern in LOOKED_FOR) and candidate.rstrip("/").split("/")[-1] not in NOT_LOOKED_FOR:
+                found.add(candidate)
+    return sorted(found)
 
 
 def layout_section(text):
@@ -23,41 +48,52 @@ def layout_section(text):
     return found[1]
 
 
+def named_in(section):
+    """Every path a row of the table names: each backticked word as it is, and as a path
+    inside the row's folder."""
+    named = set()
+    for row in re.findall(r"^\|(.*)\|$", section, re.M):
+        words = re.findall(r"`([^`\s]+)`", row)
+        first = re.findall(r"`([^`\s]+)`", row.split("|")[0])
+        folder = ""
+        if first:
+            folder = first[0] if first[0].endswith("/") else first[0].rpartition("/")[0] + "/"
+            folder = folder.lstrip("/")
+        for word in words:
+            named.update({word.rstrip("/"), (folder + word).rstrip("/")})
+    return named
+
+
 def unnamed(section, paths):
-    """The paths (relative, folders ending in /) that `section` names in no backticked word:
-    neither by path nor by file name, nor by a pattern such as `notebooks/*_figures.py`."""
-    words = {word.rstrip("/") for word in re.findall(r"`([^`\s]+)`", section)}
-    patterns = [word for word in words if "*" in word]
-
-    def named(path):
-        bare = path.rstrip("/")
-        name = bare.rsplit("/", 1)[-1]
-        return (bare in words or name in words
-                or any(fnmatch.fnmatch(bare, pattern) for pattern in patterns))
-    return [path for path in paths if not named(path)]
-
-
-def looked_for():
-    paths = []
-    for pattern in LOOKED_FOR:
-        for path in sorted(ROOT.glob(pattern)):
-            if path.name in NOT_LOOKED_FOR or path.name.startswith("."):
-                continue
-            if pattern.endswith("/") != path.is_dir():
-                continue
-            paths.append(path.relative_to(ROOT).as_posix() + ("/" if path.is_dir() else ""))
-    return paths
+    """The paths of `paths` that no row of `section` names, by path or pattern."""
+    named = named_in(section)
+    return [path for path in paths
+            if not any(path.rstrip("/") == word or ("*" in word and matches(path, word)) for word in named)]
 
 
 def test_planted_a_file_the_table_leaves_out_is_named():
-    section = "| `ddp_scripts/` | `cli.py`, `notebooks/*_figures.py`, `tests/site/` |"
-    paths = ["ddp_scripts/cli.py", "ddp_scripts/stray.py", "notebooks/ch07_figures.py", "tests/site/",
-             "tests/other/"]
-    assert unnamed(section, paths) == ["ddp_scripts/stray.py", "tests/other/"]
+    section = ("| Path | What |\n| --- | --- |\n"
+               "| `ddp_scripts/cli.py`, `options.py` | `hooks.py`; `fit`'s tracer |\n"
+               "| `ddp_scripts/fit/` | `trace.py` |\n"
+               "| `notebooks/*_figures.py` | the figures |\n"
+               "| `book/` | the front matter; `tests/site/` |\n")
+    tracked = ["ddp_scripts/cli.py", "ddp_scripts/options.py", "ddp_scripts/fit/trace.py",
+               "ddp_scripts/fit/rules.py", "ddp_scripts/practice/hooks.py", "ddp_scripts/stray.py",
+               "ddp_scripts/fit/__init__.py", "notebooks/ch07_figures.py", "book/tools/x_figures.py",
+               "tests/site/test_pages.py", "tests/book/test_sources.py", "README.md"]
+    assert looked_for(tracked) == [
+        "book/tools/x_figures.py", "ddp_scripts/cli.py", "ddp_scripts/fit/", "ddp_scripts/fit/rules.py",
+        "ddp_scripts/fit/trace.py", "ddp_scripts/options.py", "ddp_scripts/practice/", "ddp_scripts/stray.py",
+        "notebooks/ch07_figures.py", "tests/book/", "tests/site/"]
+    assert unnamed(section, looked_for(tracked)) == [
+        "book/tools/x_figures.py", "ddp_scripts/fit/rules.py", "ddp_scripts/practice/", "ddp_scripts/stray.py",
+        "tests/book/"]
 
 
 def test_the_layout_table_names_every_file_a_maintainer_looks_for():
-    paths = looked_for()
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    paths = looked_for(tracked)
     assert "ddp_scripts/launcher.py" in paths and "tests/scripts/" in paths and len(paths) > 60
     section = layout_section((ROOT / "MAINTAINING.md").read_text())
     assert unnamed(section, paths) == []

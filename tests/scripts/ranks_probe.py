@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddp_scripts import out_dir, cifar10, cli, data, options, ranks
+from ddp_scripts import cifar10, cli, data, options, out_dir, ranks
 
 out = Path(sys.argv[1])
 device = torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")  # "cuda": one GPU per rank

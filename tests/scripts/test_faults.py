@@ -107,7 +107,7 @@ def test_crash_during_a_save_leaves_the_last_checkpoint_whole(tmp_path):
     before = (tmp_path / CHECKPOINT).read_bytes()
     crash = f"""
 import io, os, signal, sys, torch
-from ddp_scripts import out_dir, models, options
+from ddp_scripts import models, options, out_dir
 real_save = torch.save
 
 def save_half_then_die(obj, f):

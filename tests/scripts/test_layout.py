@@ -7,8 +7,8 @@ from helpers import ROOT
 
 SCRIPTS = ROOT / "ddp_scripts"
 TRAINING_SCRIPTS = {"train_single", "train_dp", "train_ddp", "train_fast", "train_fsdp"}
-# At the top beside the scripts, though no training script imports it: the launcher starts them (from
-# notebooks, the benchmark and the tests), so it sits where they are.
+# At the top beside the scripts, though no training script imports it: the launcher starts
+# them (from notebooks, the benchmark and the tests), so it sits where they are.
 STARTS_THE_SCRIPTS = {"launcher"}
 
 

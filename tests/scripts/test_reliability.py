@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint import CheckpointException
 
-from ddp_scripts import out_dir, fsdp_out_dir, runfiles
+from ddp_scripts import fsdp_out_dir, out_dir, runfiles
 from ddp_scripts.measure import benchmark
 from ddp_scripts.out_dir import prepare_out_dir, start_out_dir, write_atomically
 from ddp_scripts.devices import set_cpu_threads
