@@ -3,9 +3,10 @@
 Bad input is a UsageError: one line on stderr, exit status 2. A run that cannot go on is a
 RunStopped: one line, exit status 1. A run with nothing to do is a NothingToDo: one line,
 exit status 0. say() prints one line, tagged with the process's rank. The errors are defined
-in mishaps.py, with the rarer ways a run stops; every script imports them from here. As a
-run ends, run_cli lets go of the folders it holds (out_dir.hold) and, when the process that
-started it has died, ends it too.
+in mishaps.py, with the rarer ways a run stops and the exit status each ends with
+(end_early); every script imports them from here. As a run ends, run_cli lets go of the
+folders it holds (out_dir.hold). A torchrun worker on Linux also ends with its torchrun, if
+that dies first (end_with_parent).
 """
 import contextlib
 import os

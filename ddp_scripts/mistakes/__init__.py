@@ -1,1 +1,2 @@
-"""Small programs that reproduce the classic mistakes of chapter 8, and a fault injector."""
+"""Small programs that reproduce the classic mistakes of chapter 8, the right way beside one
+(spawn_worker.py), and a fault injector."""

@@ -6,7 +6,9 @@ name.
 
 A row names a file by its path, or by a path relative to the row's own folder, the folder of
 the first path in its first cell: in the row of `ddp_scripts/fit/`, `trace.py` is
-ddp_scripts/fit/trace.py, and `fit` alone names no folder in another row."""
+ddp_scripts/fit/trace.py, and `fit` in the row of `ddp_scripts/recorders/` names
+ddp_scripts/recorders/fit, not ddp_scripts/fit/. A pattern (`notebooks/*_figures.py`) names
+what it matches only in a first cell, where the row says what it holds, not in its prose."""
 import fnmatch
 import re
 import subprocess
@@ -14,10 +16,10 @@ import subprocess
 from helpers import ROOT
 
 # What the table must name, as patterns of tracked paths, one folder per `*`.
-LOOKED_FOR = ["ddp_scripts/*.py", "ddp_scripts/*.sbatch", "ddp_scripts/*/", "ddp_scripts/recorders/*.py",
-              "ddp_scripts/measure/*.py", "ddp_scripts/fit/*.py", "ddp_scripts/mistakes/*.py",
-              "notebooks/*.py", "book/tools/*.py", "book/extensions/*", "book/extensions/*/",
-              "book/theme/*", "tests/*.py", "tests/*/", "tests/*/*_probe.py"]
+LOOKED_FOR = ["ddp_scripts/*.py", "ddp_scripts/*.sbatch", "ddp_scripts/*/",
+              "ddp_scripts/recorders/*.py", "ddp_scripts/measure/*.py", "ddp_scripts/fit/*.py",
+              "ddp_scripts/mistakes/*.py", "notebooks/*.py", "book/tools/*.py", "book/extensions/*",
+              "book/extensions/*/", "book/theme/*", "tests/*.py", "tests/*/", "tests/*/*_probe.py"]
 NOT_LOOKED_FOR = {"__init__.py", "__main__.py"}
 
 
@@ -35,8 +37,10 @@ def looked_for(tracked):
         parts = path.split("/")
         folders = ["/".join(parts[:depth]) + "/" for depth in range(1, len(parts))]
         for candidate in [path, *folders]:
-            if any(matches(candidate, pattern) and candidate.endswith("/") == pattern.endswith("/")
-                   for pattern in LOOKED_FOR) and candidate.rstrip("/").split("/")[-1] not in NOT_LOOKED_FOR:
+            kind_matches = any(matches(candidate, pattern)
+                               and candidate.endswith("/") == pattern.endswith("/")
+                               for pattern in LOOKED_FOR)
+            if kind_matches and candidate.rstrip("/").split("/")[-1] not in NOT_LOOKED_FOR:
                 found.add(candidate)
     return sorted(found)
 
@@ -49,45 +53,47 @@ def layout_section(text):
 
 
 def named_in(section):
-    """Every path a row of the table names: each backticked word as it is, and as a path
-    inside the row's folder."""
-    named = set()
-    for row in re.findall(r"^\|(.*)\|$", section, re.M):
-        words = re.findall(r"`([^`\s]+)`", row)
+    """(names, patterns): every path a row of the table names, each backticked word as it
+    is and as a path inside the row's folder; and the patterns of the rows' first cells."""
+    names, patterns = set(), set()
+    for row in re.findall(r"^\|(.*)\|\s*$", section, re.M):
         first = re.findall(r"`([^`\s]+)`", row.split("|")[0])
         folder = ""
         if first:
             folder = first[0] if first[0].endswith("/") else first[0].rpartition("/")[0] + "/"
             folder = folder.lstrip("/")
-        for word in words:
-            named.update({word.rstrip("/"), (folder + word).rstrip("/")})
-    return named
+        patterns.update(word for word in first if "*" in word)
+        for word in re.findall(r"`([^`\s]+)`", row):
+            names.update({word.rstrip("/"), (folder + word).rstrip("/")})
+    return names, patterns
 
 
 def unnamed(section, paths):
-    """The paths of `paths` that no row of `section` names, by path or pattern."""
-    named = named_in(section)
-    return [path for path in paths
-            if not any(path.rstrip("/") == word or ("*" in word and matches(path, word)) for word in named)]
+    """The paths of `paths` that no row of `section` names, by path or by a first cell's
+    pattern."""
+    names, patterns = named_in(section)
+    return [path for path in paths if path.rstrip("/") not in names
+            and not any(matches(path, pattern) for pattern in patterns)]
 
 
 def test_planted_a_file_the_table_leaves_out_is_named():
     section = ("| Path | What |\n| --- | --- |\n"
-               "| `ddp_scripts/cli.py`, `options.py` | `hooks.py`; `fit`'s tracer |\n"
-               "| `ddp_scripts/fit/` | `trace.py` |\n"
+               "| `ddp_scripts/cli.py`, `options.py` | the start and the options |\n"
+               "| `ddp_scripts/recorders/` | `hooks.py`; `fit`'s tracer; any `*.py` |  \n"
                "| `notebooks/*_figures.py` | the figures |\n"
                "| `book/` | the front matter; `tests/site/` |\n")
     tracked = ["ddp_scripts/cli.py", "ddp_scripts/options.py", "ddp_scripts/fit/trace.py",
-               "ddp_scripts/fit/rules.py", "ddp_scripts/practice/hooks.py", "ddp_scripts/stray.py",
-               "ddp_scripts/fit/__init__.py", "notebooks/ch07_figures.py", "book/tools/x_figures.py",
-               "tests/site/test_pages.py", "tests/book/test_sources.py", "README.md"]
+               "ddp_scripts/practice/hooks.py", "ddp_scripts/stray.py",
+               "ddp_scripts/fit/__init__.py", "notebooks/ch07_figures.py",
+               "book/tools/x_figures.py", "tests/site/test_pages.py", "tests/book/test_sources.py",
+               "README.md"]
     assert looked_for(tracked) == [
-        "book/tools/x_figures.py", "ddp_scripts/cli.py", "ddp_scripts/fit/", "ddp_scripts/fit/rules.py",
-        "ddp_scripts/fit/trace.py", "ddp_scripts/options.py", "ddp_scripts/practice/", "ddp_scripts/stray.py",
-        "notebooks/ch07_figures.py", "tests/book/", "tests/site/"]
+        "book/tools/x_figures.py", "ddp_scripts/cli.py", "ddp_scripts/fit/",
+        "ddp_scripts/fit/trace.py", "ddp_scripts/options.py", "ddp_scripts/practice/",
+        "ddp_scripts/stray.py", "notebooks/ch07_figures.py", "tests/book/", "tests/site/"]
     assert unnamed(section, looked_for(tracked)) == [
-        "book/tools/x_figures.py", "ddp_scripts/fit/rules.py", "ddp_scripts/practice/", "ddp_scripts/stray.py",
-        "tests/book/"]
+        "book/tools/x_figures.py", "ddp_scripts/fit/", "ddp_scripts/fit/trace.py",
+        "ddp_scripts/practice/", "ddp_scripts/stray.py", "tests/book/"]
 
 
 def test_the_layout_table_names_every_file_a_maintainer_looks_for():

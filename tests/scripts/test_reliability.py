@@ -1060,7 +1060,7 @@ def test_a_sharded_save_that_fails_says_what_was_kept(tmp_path, monkeypatch):
     totals = torch.tensor([1.0, 4.0, 1.0], dtype=torch.float64)
     with pytest.raises(RunStopped) as stopped:
         fsdp_out_dir.save_epoch(args, 2, None, None, totals, totals, 1.0,
-                            {"device": "cpu", "global_batch_size": 32})
+                                {"device": "cpu", "global_batch_size": 32})
     assert str(stopped.value) == (f"cannot save epoch 2 in {tmp_path} (No space left on device); "
                                   f"{SHARDED_CHECKPOINT} of epoch 1 is whole: --resume continues "
                                   "from it")
